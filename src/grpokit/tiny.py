@@ -1,0 +1,78 @@
+"""Tiny models and tokenizers built locally, with no download: for tests, benchmarks and the built-in demo."""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+# A minimal chat template: one marker token per role, messages end with <eos>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<eos>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def build_tokenizer(extra_chars: str = ""):
+    """A character-level `PreTrainedTokenizerFast` over printable ASCII plus `extra_chars`, with a chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set(string.printable) - set("\x0b\x0c\r") | set(extra_chars))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Every character is its own token; special tokens are matched first by the added-token machinery.
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model(tokenizer, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
+                vocab_size: int | None = None, arch: str = "qwen2"):
+    """A random-init causal LM (Qwen2 or Llama) sized for CPU tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    config = config_cls(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_tiny(path, **model_kwargs):
+    """Write a tiny model and its tokenizer to `path` (a directory usable as `model_name_or_path`)."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

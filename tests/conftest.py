@@ -1,0 +1,30 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from grpokit.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    from grpokit.tiny import build_model
+
+    return build_model(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny model + tokenizer saved on disk, usable as `model_name_or_path`."""
+    from grpokit.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-model"))
