@@ -1,0 +1,50 @@
+"""Pure GRPO math (torch only): advantages, per-token objectives and their reductions, KL, masks, metrics."""
+
+from .advantages import (
+    MULTI_OBJECTIVE_AGGREGATIONS,
+    SCALE_REWARDS,
+    group_advantages,
+    group_reward_stats,
+    nanstd,
+    reward_metrics,
+    unscorable_rows,
+    weighted_reward_sum,
+)
+from .kl import kl_k3
+from .losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    LOSSES,
+    cispo_clip_fraction,
+    clip_fractions,
+    entropy_from_logits,
+    importance_ratio,
+    masked_mean,
+    policy_loss,
+    vespo_weights,
+)
+from .masks import entropy_mask, off_policy_mask
+
+__all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSSES",
+    "LOSS_TYPES",
+    "MULTI_OBJECTIVE_AGGREGATIONS",
+    "SCALE_REWARDS",
+    "cispo_clip_fraction",
+    "clip_fractions",
+    "entropy_from_logits",
+    "entropy_mask",
+    "group_advantages",
+    "group_reward_stats",
+    "importance_ratio",
+    "kl_k3",
+    "masked_mean",
+    "nanstd",
+    "off_policy_mask",
+    "policy_loss",
+    "reward_metrics",
+    "unscorable_rows",
+    "vespo_weights",
+    "weighted_reward_sum",
+]

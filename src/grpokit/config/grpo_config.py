@@ -1,0 +1,518 @@
+"""`GRPOConfig`: every knob of GRPO training, as a `transformers.TrainingArguments` subclass.
+
+Field names and defaults match TRL 1.16's `GRPOConfig` (checked by tests/config/test_trl_parity.py). Fields are
+grouped in pipeline order: model, data, generation, vLLM, rewards, loss, logging. The `help` metadata is the only
+description of a field; `grpokit config schema` and `--help` are built from it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformers import TrainingArguments
+
+from .rules import derive_batch_geometry, validate_instance
+
+# Set by the parser while it builds instances from already-layered values, so that `recipe` is not applied twice.
+LAYERS_APPLIED = contextvars.ContextVar("grpokit_layers_applied", default=False)
+
+LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    # ---- TrainingArguments defaults that GRPO changes (same as TRL) ----
+    learning_rate: float = field(
+        default=1e-6,
+        metadata={"help": "Initial learning rate of the AdamW optimizer. GRPO updates are small: 1e-6 by default."},
+    )
+    logging_steps: float = field(
+        default=10,
+        metadata={
+            "help": "Log every this many optimizer steps; a value in [0, 1) is a fraction of the total number of steps."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=True,
+        metadata={"help": "Recompute activations in the backward pass to save memory, at roughly 20%% more compute."},
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Train in bfloat16 mixed precision. Unset (null) means: bf16 unless fp16 is set, on hardware that "
+            "supports it; on a machine without bf16 support it resolves to fp32, with a note."
+        },
+    )
+    remove_unused_columns: bool | None = field(
+        default=False,
+        metadata={
+            "help": "Drop dataset columns the model's forward does not take. Off, because reward functions receive "
+            "the dataset's extra columns (e.g. `solution`)."
+        },
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Extra keyword arguments for the learning-rate scheduler, e.g. {'num_cycles': 1}."},
+    )
+
+    # ---- grpokit: presets ----
+    recipe: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of a shipped recipe (see `grpokit recipes`) whose values sit under your YAML and flags. "
+            "In Python, `GRPOConfig(recipe=...)` fills every field you left at its default from the recipe."
+        },
+    )
+
+    # ---- Model ----
+    model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments for `AutoModelForCausalLM.from_pretrained` when the model is given as a path "
+            "or hub id, e.g. {'dtype': 'bfloat16', 'attn_implementation': 'sdpa'}."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow custom modeling code from the model repository when loading models."},
+    )
+    disable_dropout: bool = field(
+        default=False,
+        metadata={"help": "Set every dropout probability of the policy (and reference) model to 0."},
+    )
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute the output projection (lm_head) in float32 even when the model runs in lower "
+            "precision, for more accurate log-probabilities. Requires untied word embeddings."
+        },
+    )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the Mixture-of-Experts load-balancing loss added to the training loss. Unset uses the "
+            "model config's value; 0 disables it. An error with a model that has no router."
+        },
+    )
+
+    # ---- Data ----
+    shuffle_dataset: bool | None = field(
+        default=True,
+        metadata={"help": "Shuffle the training prompts each epoch."},
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Keep at most this many prompt tokens, cutting from the left (the end of the prompt is kept). "
+            "Unset keeps whole prompts. grpokit extension: TRL removed this field, recipes still set it."
+        },
+    )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata={
+            "help": "Pad prompt and completion ids to a multiple of this many tokens. 'auto' pads to 128 on AWS "
+            "Neuron (which compiles once per shape) and does not pad elsewhere; null never pads."
+        },
+    )
+
+    # ---- Generation ----
+    num_generations: int | None = field(
+        default=8,
+        metadata={
+            "help": "Completions sampled per prompt (the group size G). At least 2: advantages are relative to the "
+            "group. The generation batch must hold whole groups."
+        },
+    )
+    num_generations_eval: int | None = field(
+        default=None,
+        metadata={"help": "Completions sampled per prompt during evaluation. Unset uses num_generations."},
+    )
+    max_completion_length: int | None = field(
+        default=512,
+        metadata={"help": "Maximum number of tokens generated per completion."},
+    )
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completions generated in one generation round, across all processes. Unset: "
+            "per_device_train_batch_size x processes x steps_per_generation. Exclusive with steps_per_generation."
+        },
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata={
+            "help": "Micro-batches (per process) trained on each generation round before generating again. Unset: "
+            "gradient_accumulation_steps. Exclusive with generation_batch_size."
+        },
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature. Higher gives more diverse completions, which helps exploration."},
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "Nucleus sampling: sample from the smallest token set whose probability reaches top_p."},
+    )
+    top_k: int = field(
+        default=0,
+        metadata={"help": "Sample only among the top_k most likely tokens; 0 disables top-k filtering."},
+    )
+    min_p: float | None = field(
+        default=None,
+        metadata={
+            "help": "Drop tokens whose probability is below min_p times the most likely token's; unset disables it."
+        },
+    )
+    repetition_penalty: float = field(
+        default=1.0,
+        metadata={"help": "Penalty on tokens already present in the prompt or completion; 1.0 means no penalty."},
+    )
+    generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra keyword arguments for generation (e.g. {'min_new_tokens': 32}); they override the "
+            "sampling fields above."
+        },
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra keyword arguments for `apply_chat_template` on conversational prompts, e.g. "
+            "{'enable_thinking': False}."
+        },
+    )
+    cache_implementation: str | None = field(
+        default=None,
+        metadata={"help": "KV-cache implementation passed to `generate` (e.g. 'static'); unset uses the default."},
+    )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed ZeRO-3, gather the full policy weights for generation (fast, needs memory). "
+            "Without ZeRO-3 it has no effect."
+        },
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata={"help": "Maximum tool-calling turns per completion when training an agent with tools."},
+    )
+    use_transformers_continuous_batching: bool = field(
+        default=False,
+        metadata={"help": "Generate with transformers' continuous batching (paged attention) instead of `generate`."},
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for transformers' `ContinuousBatchingConfig`."},
+    )
+    use_transformers_paged: bool = field(
+        default=False,
+        metadata={"help": "Deprecated name of use_transformers_continuous_batching; migrated with a warning."},
+    )
+
+    # ---- vLLM ----
+    use_vllm: bool = field(
+        default=False,
+        metadata={"help": "Generate completions with vLLM instead of transformers `generate`."},
+    )
+    vllm_mode: Literal["server", "colocate"] = field(
+        default="colocate",
+        metadata={
+            "help": "'server': a separate `vllm serve` process generates; 'colocate': vLLM runs inside each training "
+            "process and shares its GPU."
+        },
+    )
+    vllm_model_impl: Literal["vllm", "transformers"] = field(
+        default="vllm",
+        metadata={"help": "Model implementation vLLM uses: its own ('vllm') or the transformers one."},
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "Colocate mode: release vLLM's weights and KV cache from GPU memory during training steps."},
+    )
+    vllm_structured_outputs_regex: str | None = field(
+        default=None,
+        metadata={"help": "Constrain vLLM generations to match this regular expression; unset disables it."},
+    )
+    vllm_server_base_url: str | None = field(
+        default=None,
+        metadata={"help": "Server mode: base URL of the vLLM server; when set, host and port are ignored."},
+    )
+    vllm_server_host: str = field(
+        default="0.0.0.0",
+        metadata={"help": "Server mode: host of the vLLM server."},
+    )
+    vllm_server_port: int = field(
+        default=8000,
+        metadata={"help": "Server mode: port of the vLLM server (1-65535)."},
+    )
+    vllm_server_timeout: float = field(
+        default=240.0,
+        metadata={"help": "Server mode: seconds to wait for the vLLM server to come up before failing."},
+    )
+    vllm_group_port: int = field(
+        default=51216,
+        metadata={"help": "Server mode: port of the weight-synchronisation process group (1-65535)."},
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata={"help": "Colocate mode: fraction of GPU memory vLLM may take, in (0, 1]."},
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={"help": "Colocate mode: vLLM's context length; unset uses the model's own maximum."},
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Colocate mode: GPUs a vLLM engine's tensors are split over."},
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={
+            "help": "Correct for the mismatch between vLLM's sampling distribution and the training model's with "
+            "importance weights."
+        },
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        field(
+            default="sequence_mask",
+            metadata={
+                "help": "How the vLLM importance weights are bounded: truncate (clamp) or mask (zero) outside "
+                "[clip_min, clip_max], per token or per sequence."
+            },
+        )
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None,
+        metadata={"help": "Lower bound of the vLLM importance weights; unset means no lower bound."},
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0,
+        metadata={"help": "Upper bound of the vLLM importance weights; must exceed clip_min."},
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None,
+        metadata={"help": "Deprecated name of vllm_importance_sampling_clip_max; migrated with a warning."},
+    )
+
+    # ---- Rewards and advantages ----
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "One weight per reward function (and reward model, last), in order. Unset weighs all by 1.0."
+        },
+    )
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = field(
+        default="sum_then_normalize",
+        metadata={
+            "help": "With several rewards: 'sum_then_normalize' sums the weighted rewards then normalises per group; "
+            "'normalize_then_sum' normalises each reward per group, sums with weights, then normalises the batch."
+        },
+    )
+    scale_rewards: ScaleRewards = field(
+        default="group",
+        metadata={
+            "help": "Divide centred rewards by the std of the group ('group'), of the whole batch ('batch'), or not "
+            "at all ('none', as Dr. GRPO recommends). Legacy true/false mean 'group'/'none'."
+        },
+    )
+
+    # ---- Loss ----
+    loss_type: LossType = field(
+        default="dapo",
+        metadata={
+            "help": "Objective and normalisation: 'grpo' (mean per sequence), 'dr_grpo' (constant max length), "
+            "'dapo' (active tokens in the global batch), 'bnpo' (active tokens in the micro-batch), 'cispo' "
+            "(clipped IS weights), 'sapo' (soft gate), 'luspo', 'vespo'."
+        },
+    )
+    beta: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight of the KL penalty to the reference model. 0 disables it and the reference model is not "
+            "loaded."
+        },
+    )
+    num_iterations: int = field(
+        default=1,
+        metadata={"help": "Optimisation passes over each generation round (mu in the GRPO paper)."},
+    )
+    epsilon: float = field(
+        default=0.2,
+        metadata={"help": "Lower clipping bound of the importance ratio: it is clipped below at 1 - epsilon."},
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={
+            "help": "Upper clipping bound: the ratio is clipped above at 1 + epsilon_high. Unset uses epsilon. DAPO "
+            "uses 0.28."
+        },
+    )
+    delta: float | None = field(
+        default=None,
+        metadata={
+            "help": "Two-sided clipping (INTELLECT-2): also clamp the unclipped ratio at delta. Must exceed 1; unset "
+            "disables it."
+        },
+    )
+    importance_sampling_level: Literal["token", "sequence"] = field(
+        default="token",
+        metadata={
+            "help": "'token': one importance ratio per token; 'sequence': one per completion, the geometric mean "
+            "over its tokens (GSPO)."
+        },
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0,
+        metadata={"help": "SAPO: temperature of the soft gate for positive advantages (> 0)."},
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05,
+        metadata={"help": "SAPO: temperature of the soft gate for negative advantages (> 0)."},
+    )
+    vespo_k_pos: float = field(
+        default=2.0,
+        metadata={"help": "VESPO: shape parameter k of the weighting for positive advantages."},
+    )
+    vespo_lambda_pos: float = field(
+        default=3.0,
+        metadata={"help": "VESPO: rate parameter lambda of the weighting for positive advantages."},
+    )
+    vespo_k_neg: float = field(
+        default=3.0,
+        metadata={"help": "VESPO: shape parameter k of the weighting for negative advantages."},
+    )
+    vespo_lambda_neg: float = field(
+        default=2.0,
+        metadata={"help": "VESPO: rate parameter lambda of the weighting for negative advantages."},
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Exclude completions that hit max_completion_length without an EOS from the loss (DAPO)."
+        },
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata={
+            "help": "Train only on the tokens whose entropy is in the top fraction rho of the batch (0 < rho <= 1); "
+            "1.0 keeps all tokens, the 80/20 paper uses 0.2."
+        },
+    )
+    off_policy_mask_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "Mask sequences with negative advantage whose KL to the sampling policy exceeds this value "
+            "(DeepSeek-V3.2); unset disables it."
+        },
+    )
+    use_bias_correction_kl: bool = field(
+        default=True,
+        metadata={
+            "help": "Multiply the KL term by the importance ratio so its gradient is the unbiased reverse-KL "
+            "gradient (DeepSeek-V3.2). Only matters when beta > 0."
+        },
+    )
+    entropy_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight of an entropy bonus subtracted from the loss; 0 disables it."},
+    )
+    use_adaptive_entropy: bool = field(
+        default=False,
+        metadata={
+            "help": "Adapt entropy_coef each step (Skywork-OR1): raise it by entropy_coef_delta while entropy is "
+            "below entropy_target, lower it otherwise, within [entropy_coef_min, entropy_coef_max]."
+        },
+    )
+    entropy_coef_min: float = field(
+        default=0.0,
+        metadata={"help": "Adaptive entropy: lower bound of the coefficient."},
+    )
+    entropy_coef_max: float = field(
+        default=1.0,
+        metadata={"help": "Adaptive entropy: upper bound of the coefficient."},
+    )
+    entropy_coef_delta: float = field(
+        default=0.005,
+        metadata={"help": "Adaptive entropy: step by which the coefficient moves each update."},
+    )
+    entropy_target: float = field(
+        default=0.2,
+        metadata={"help": "Adaptive entropy: target mean token entropy in nats."},
+    )
+    sync_ref_model: bool = field(
+        default=False,
+        metadata={"help": "Periodically move the reference model towards the policy (TR-DPO style)."},
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6,
+        metadata={"help": "Reference sync: ref = alpha * policy + (1 - alpha) * ref, with 0 <= alpha <= 1."},
+    )
+    ref_model_sync_steps: int = field(
+        default=512,
+        metadata={"help": "Reference sync: optimizer steps between two syncs."},
+    )
+
+    # ---- Logging ----
+    log_completions: bool = field(
+        default=False,
+        metadata={"help": "Log a sample of prompts, completions and rewards at every logging step."},
+    )
+    num_completions_to_print: int | None = field(
+        default=None,
+        metadata={"help": "How many logged completions to print in the console; unset prints all of them."},
+    )
+    log_unique_prompts: bool = field(
+        default=False,
+        metadata={"help": "Log each prompt once rather than once per completion."},
+    )
+    log_multimodal: bool = field(
+        default=True,
+        metadata={"help": "Include images in logged completions for multimodal prompts."},
+    )
+    log_completions_hub_repo: str | None = field(
+        default=None,
+        metadata={"help": "Hub dataset repository to upload logged completions to; needs log_completions."},
+    )
+
+    def __post_init__(self):
+        if self.recipe is not None and not LAYERS_APPLIED.get():
+            _apply_recipe_defaults(self)
+        validate_instance(self)
+        # The configuration is judged, not the machine: TrainingArguments would reject bf16/tf32 on a CPU-only
+        # machine, so they are held back here and checked (and applied) when training starts; see `precision.py`.
+        if self.activation_checkpointing is None:
+            self.activation_checkpointing = self.gradient_checkpointing  # transformers 5's name; avoids its warning
+        held_back = {"bf16": self.bf16, "bf16_full_eval": self.bf16_full_eval, "tf32": self.tf32}
+        self.bf16, self.bf16_full_eval, self.tf32 = False, False, None
+        try:
+            super().__post_init__()
+        finally:
+            for name, value in held_back.items():
+                setattr(self, name, value)
+        if self.bf16:
+            self.mixed_precision = "bf16"
+        if self.pad_to_multiple_of == "auto":
+            self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
+        derived = derive_batch_geometry(vars(self), num_processes=self.world_size)
+        for name, value in derived.items():
+            setattr(self, name, value)
+
+    @property
+    def epsilon_low(self) -> float:
+        return self.epsilon
+
+
+def _apply_recipe_defaults(config: GRPOConfig) -> None:
+    from dataclasses import fields
+
+    from .recipes import load_recipe
+
+    values = load_recipe(config.recipe)
+    own = {f.name: f for f in fields(config)}
+    for name, value in values.items():
+        f = own.get(name)
+        if f is not None and getattr(config, name) == f.default:
+            setattr(config, name, value)

@@ -1,0 +1,435 @@
+"""`TrlParser`: TRL's parser API over a strict, layered resolution of every dataclass at once.
+
+Layers, lowest to highest: dataclass defaults -> recipe -> YAML files (`--config`, later files win) -> command-line
+flags. Every value, whatever its layer, is coerced by its field's type (`types.coerce`), every rule is checked
+(`rules`), and every problem is reported at once before any dataclass is built. Each resolved value remembers where
+it came from (`Resolution.sources`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import HfArgumentParser
+
+from .grpo_config import LAYERS_APPLIED, GRPOConfig
+from .migrations import RENAMED_KEYS, legacy_scale_rewards
+from .model_config import ModelConfig
+from .recipes import load_recipe
+from .rules import ConfigError, Problem, check_fields, check_geometry, num_processes_from_env
+from .script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
+from .suggest import closest
+from .types import MAPPING_ITEM_FIELDS, CoercionError, coerce, field_types
+from .yaml_io import load_yaml_file
+
+DEFAULT_TYPES = (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
+
+# Fields whose final value is computed while the dataclasses are built; shown with source "derived" when it differs.
+DERIVED_FIELDS = ("steps_per_generation", "generation_batch_size", "pad_to_multiple_of", "output_dir", "do_eval",
+                  "eval_steps", "lora_target_modules")
+
+RESERVED_KEYS = ("config", "recipe", "env")
+
+
+@dataclass
+class Resolution:
+    """The outcome of parsing: instances, the flat resolved values with their sources, and what to tell the user."""
+
+    instances: list
+    values: dict[str, Any]
+    sources: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    remaining: list[str] = field(default_factory=list)
+
+
+class TrlParser(HfArgumentParser):
+    """Parse dataclasses from YAML files (`--config`), a recipe (`--recipe`) and command-line flags, strictly.
+
+    Drop-in for `trl.TrlParser`: `TrlParser([GRPOScriptArguments, GRPOConfig, ModelConfig]).parse_args_and_config()`
+    returns the instances. Bad input prints one line per problem and exits with status 2, like argparse does.
+    """
+
+    def __init__(self, dataclass_types=None, **kwargs):
+        if dataclass_types is None:
+            dataclass_types = DEFAULT_TYPES
+        elif not isinstance(dataclass_types, (list, tuple)):
+            dataclass_types = [dataclass_types]
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(dataclass_types, **kwargs)
+        for dtype in self.dataclass_types:
+            taken = {f.name for f in dataclasses.fields(dtype)} & set(RESERVED_KEYS[:1] + RESERVED_KEYS[2:])
+            if taken:
+                raise ValueError(f"{dtype.__name__} has a field named {taken.pop()!r}, which the parser reserves")
+        self.add_argument("--config", action="append", metavar="FILE", help="YAML config file (repeatable).")
+        if not any("recipe" in {f.name for f in dataclasses.fields(t)} for t in self.dataclass_types):
+            self.add_argument("--recipe", metavar="NAME", help="Named recipe under your YAML and flags.")
+        self.resolution: Resolution | None = None
+
+    # ---- TRL's API ----
+
+    def parse_args_and_config(self, args=None, return_remaining_strings=False, fail_with_unknown_args=True):
+        """Resolve the dataclasses from `args` (default `sys.argv[1:]`). Unknown arguments are an error unless
+        `return_remaining_strings=True`, which returns them (as `--key value` strings) after the instances.
+        `fail_with_unknown_args` is accepted for TRL compatibility; unknown arguments always fail otherwise."""
+        del fail_with_unknown_args  # strict whatever the caller asks: a typo must never be silently dropped
+        try:
+            resolution = self.resolve(args, allow_remaining=return_remaining_strings)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"error: {problem.line()}", file=sys.stderr)
+            sys.exit(2)
+        for warning in resolution.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if return_remaining_strings:
+            return (*resolution.instances, resolution.remaining)
+        return tuple(resolution.instances)
+
+    # ---- Resolution ----
+
+    def resolve(self, args=None, *, allow_remaining=False) -> Resolution:
+        """Resolve every layer into instances; raise ConfigError with every problem found."""
+        args = list(sys.argv[1:] if args is None else args)
+        if any(a in ("-h", "--help") for a in args):
+            self.print_help()
+            sys.exit(0)
+        configs, recipe_flag, field_tokens = _split_meta_args(args)
+        owners = self._owners()
+        problems: list[Problem] = []
+        warnings: list[str] = []
+        remaining: list[str] = []
+
+        yaml_layers = []
+        for path in configs:
+            try:
+                data, lines = load_yaml_file(path)
+            except ConfigError as exc:
+                problems += exc.problems
+                continue
+            yaml_layers.append((path, data, lines))
+        # The `env:` sections take effect before anything else is applied.
+        for path, data, lines in yaml_layers:
+            env = data.pop("env", None)
+            if env is None:
+                continue
+            if not isinstance(env, dict):
+                problems.append(Problem("env", "must be a mapping of VARIABLE: value", env, source=f"yaml:{path}:{lines['env']}"))
+                continue
+            for key, value in env.items():
+                os.environ[str(key)] = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+        layers = []  # (source of a key -> str, mapping)
+        recipe_name, recipe_source = None, None
+        for path, data, _lines in yaml_layers:
+            if "recipe" in data and data["recipe"] is not None:
+                recipe_name, recipe_source = data["recipe"], f"yaml:{path}:{_lines['recipe']}"
+        if recipe_flag is not None:
+            recipe_name, recipe_source = recipe_flag, "cli"
+        if recipe_name is not None:
+            try:
+                recipe_values = load_recipe(str(recipe_name))
+                # A recipe may set keys of dataclasses this parser was not given (e.g. reward_funcs): skip those.
+                recipe_values = {k: v for k, v in recipe_values.items() if k in owners}
+                layers.append((lambda key, n=recipe_name: f"recipe:{n}", recipe_values))
+            except ConfigError as exc:
+                problems += [dataclasses.replace(p, source=recipe_source) for p in exc.problems]
+        for path, data, lines in yaml_layers:
+            layers.append((lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data))
+        cli_values, cli_problems, cli_remaining = self._cli_mapping(field_tokens, owners, allow_remaining)
+        problems += cli_problems
+        remaining += cli_remaining
+        layers.append((lambda key: "cli", cli_values))
+        if recipe_name is not None and "recipe" in owners:
+            layers.append((lambda key: recipe_source, {"recipe": recipe_name}))
+
+        raw: dict[str, tuple[Any, str]] = {}
+        for source_of, mapping in layers:
+            for key, value in mapping.items():
+                source = source_of(key)
+                if key in RENAMED_KEYS:
+                    new, why = RENAMED_KEYS[key]
+                    if new is None:
+                        warnings.append(f"{key} ({source}) is {why}")
+                        continue
+                    warnings.append(f"{key} ({source}) is deprecated, {why}: use {new}")
+                    key, source = new, f"migrated:{key}"
+                if key == "scale_rewards" and legacy_scale_rewards(value) is not None:
+                    warnings.append(f"scale_rewards: {value} ({source}) is a legacy spelling of "
+                                    f"{legacy_scale_rewards(value)!r}")
+                    value = legacy_scale_rewards(value)
+                if key not in owners:
+                    if allow_remaining and source != "cli":
+                        remaining += [f"--{key}", str(value)]
+                        continue
+                    near = closest(key, list(owners) + ["env", "recipe"])
+                    problems.append(Problem(key, "unknown key", hint=f"did you mean {near!r}?" if near else None,
+                                            source=source))
+                    continue
+                raw[key] = (value, source)
+
+        values, sources = self._field_defaults()
+        for key, (value, source) in raw.items():
+            dtype, f = owners[key]
+            sources[key] = source
+            try:
+                if key == "datasets":
+                    values[key] = _coerce_datasets(value)
+                else:
+                    values[key] = coerce(value, field_types(dtype)[key], mapping_items=f.name in MAPPING_ITEM_FIELDS)
+            except CoercionError as exc:
+                hint = f"did you mean {exc.suggestion!r}?" if exc.suggestion is not None else None
+                problems.append(Problem(key, str(exc), hint=hint, source=source))
+                values.pop(key, None)
+
+        problems += self._rules(values, sources, raw)
+        if problems:
+            raise ConfigError(_dedupe(problems))
+
+        instances = []
+        token = LAYERS_APPLIED.set(True)
+        try:
+            for dtype in self.dataclass_types:
+                kwargs = {f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values}
+                try:
+                    instances.append(dtype(**kwargs))
+                except ConfigError as exc:
+                    problems += exc.problems
+                except (ValueError, TypeError) as exc:
+                    problems.append(Problem(dtype.__name__, " ".join(str(exc).split())))
+        finally:
+            LAYERS_APPLIED.reset(token)
+        if problems:
+            raise ConfigError(_dedupe([_with_source(p, sources) for p in problems]))
+
+        shown = dict(values)
+        for instance in instances:
+            for name in DERIVED_FIELDS:
+                if hasattr(instance, name) and name in shown:
+                    final = plain(getattr(instance, name))
+                    if final != plain(shown[name]):
+                        shown[name], sources[name] = final, "derived"
+        resolution = Resolution(instances, {k: plain(v) for k, v in shown.items()}, sources, warnings,
+                                machine_notes(shown), remaining)
+        self.resolution = resolution
+        return resolution
+
+    # ---- helpers ----
+
+    def _owners(self) -> dict[str, tuple[type, dataclasses.Field]]:
+        owners = {}
+        for dtype in self.dataclass_types:
+            for f in dataclasses.fields(dtype):
+                if f.init:
+                    owners.setdefault(f.name, (dtype, f))
+        return owners
+
+    def _field_defaults(self) -> tuple[dict[str, Any], dict[str, str]]:
+        values, sources = {}, {}
+        for dtype in self.dataclass_types:
+            for f in dataclasses.fields(dtype):
+                if not f.init or f.name in values:
+                    continue
+                if f.default is not dataclasses.MISSING:
+                    values[f.name] = f.default
+                elif f.default_factory is not dataclasses.MISSING:
+                    values[f.name] = f.default_factory()
+                else:
+                    continue
+                sources[f.name] = "default"
+        return values, sources
+
+    def _cli_mapping(self, tokens, owners, allow_remaining):
+        """Command-line tokens -> {field: value or list of strings}, problems, remaining strings."""
+        values, problems, remaining = {}, [], []
+        i = 0
+        while i < len(tokens):
+            token = tokens[i]
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            if not token.startswith("--"):
+                (remaining.extend(tokens[i:j]) if allow_remaining else problems.append(
+                    Problem("arguments", f"unexpected value {token!r} (values follow a --flag)", source="cli")))
+                i = j
+                continue
+            name, _, inline = token[2:].partition("=")
+            given = ([inline] if _ else []) + tokens[i + 1 : j]
+            name = name.replace("-", "_")
+            negated = False
+            if name not in owners and name not in RENAMED_KEYS and name.startswith("no_") and name[3:] in owners:
+                name, negated = name[3:], True
+            if name not in owners and name not in RENAMED_KEYS:
+                if allow_remaining:
+                    remaining.extend(tokens[i:j])
+                else:
+                    near = closest(name, list(owners) + ["config", "recipe"])
+                    problems.append(Problem(f"--{name}", "unknown argument",
+                                            hint=f"did you mean --{near}?" if near else None, source="cli"))
+                i = j
+                continue
+            tp = field_types(owners[name][0])[name] if name in owners else None
+            if negated:
+                if given:
+                    problems.append(Problem(f"--no_{name}", "takes no value", " ".join(given), source="cli"))
+                values[name] = False
+            elif _is_list(tp):
+                if not given:
+                    problems.append(Problem(f"--{name}", "expects at least one value", source="cli"))
+                values[name] = given
+            elif not given:
+                if tp is not None and _is_bool(tp):
+                    values[name] = True
+                else:
+                    problems.append(Problem(f"--{name}", "expects a value", source="cli"))
+            elif len(given) > 1:
+                problems.append(Problem(f"--{name}", f"expects one value, got {len(given)}", " ".join(given),
+                                        source="cli"))
+            else:
+                values[name] = given[0]
+            i = j
+        return values, problems, remaining
+
+    def _rules(self, values, sources, raw) -> list[Problem]:
+        defaults, _ = self._field_defaults()
+        problems = check_fields(values, defaults)
+        if GRPOConfig in self.dataclass_types or any(issubclass(t, GRPOConfig) for t in self.dataclass_types):
+            _, geometry = check_geometry(values, num_processes_from_env())
+            problems += geometry
+            if any(issubclass(t, GRPOScriptArguments) for t in self.dataclass_types):
+                problems += reward_problems(values)
+        return [_with_source(p, sources) for p in problems]
+
+
+def reward_problems(values) -> list[Problem]:
+    """Across dataclasses: every reward resolves, and reward_weights has one weight per reward."""
+    problems = []
+    funcs = values.get("reward_funcs") or []
+    try:
+        from grpokit.rewards import check_reward_spec
+    except ImportError:  # pragma: no cover - the rewards package is part of grpokit
+        check_reward_spec = None
+    if check_reward_spec is not None:
+        for i, spec in enumerate(funcs):
+            message = check_reward_spec(spec)
+            if message:
+                problems.append(Problem("reward_funcs", f"entry {i}: {message}"))
+    weights = values.get("reward_weights")
+    expected = len(funcs) + (1 if values.get("reward_model_name_or_path") else 0)
+    if weights is not None and len(weights) != expected:
+        what = f"{len(funcs)} reward function(s)" + (" + 1 reward model" if values.get("reward_model_name_or_path")
+                                                     else "")
+        problems.append(Problem("reward_weights", f"has {len(weights)} weight(s) but there are {what}", weights,
+                                f"give {expected} weight(s), one per reward, in order"))
+    if not funcs and not values.get("reward_model_name_or_path") and "reward_funcs" in values:
+        pass  # a script may pass reward functions in Python; `grpokit train` checks this itself
+    return problems
+
+
+def _with_source(problem: Problem, sources) -> Problem:
+    if problem.source is None:
+        return dataclasses.replace(problem, source=sources.get(problem.field))
+    return problem
+
+
+def _dedupe(problems):
+    seen, out = set(), []
+    for p in problems:
+        if p.line() not in seen:
+            seen.add(p.line())
+            out.append(p)
+    return out
+
+
+def _split_meta_args(args):
+    """Pull `--config F` (repeatable) and `--recipe NAME` out of the argument list."""
+    configs, recipe, rest = [], None, []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        for flag in ("--config", "--recipe"):
+            if token == flag or token.startswith(flag + "="):
+                if token == flag:
+                    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                        raise ConfigError([Problem(flag, "expects a value", source="cli")])
+                    value, i = args[i + 1], i + 2
+                else:
+                    value, i = token.split("=", 1)[1], i + 1
+                if flag == "--config":
+                    configs.append(value)
+                else:
+                    recipe = value
+                break
+        else:
+            rest.append(token)
+            i += 1
+    return configs, recipe, rest
+
+
+def _is_list(tp) -> bool:
+    import typing
+
+    from .types import strip_optional
+
+    inner, _ = strip_optional(tp)
+    members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType) \
+        else (inner,)
+    return any((typing.get_origin(m) or m) is list for m in members)
+
+
+def _is_bool(tp) -> bool:
+    from .types import strip_optional
+
+    return strip_optional(tp)[0] is bool
+
+
+def _coerce_datasets(value):
+    """`datasets:` of a mixture: a list of mappings, each checked against DatasetConfig's fields."""
+    if not isinstance(value, list):
+        raise CoercionError("must be a list of dataset entries (mappings with a `path`)")
+    names = {f.name: f for f in dataclasses.fields(DatasetConfig)}
+    out = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise CoercionError(f"entry {i} must be a mapping with a `path`, not {entry!r}")
+        for key in entry:
+            if key not in names:
+                near = closest(str(key), names)
+                raise CoercionError(f"entry {i}: unknown key {key!r}", near)
+        if "path" not in entry:
+            raise CoercionError(f"entry {i} has no `path`")
+        item = {}
+        for key, v in entry.items():
+            try:
+                item[key] = coerce(v, field_types(DatasetConfig)[key])
+            except CoercionError as exc:
+                raise CoercionError(f"entry {i}, {key}: {exc}") from None
+        fraction = item.get("fraction")
+        if fraction is not None and not 0 < fraction <= 1:
+            raise CoercionError(f"entry {i}, fraction must be > 0 and <= 1, got {fraction}")
+        out.append(item)
+    return out
+
+
+def plain(value):
+    """A JSON/YAML-friendly form of a resolved value (enums by value, dataclasses as mappings)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
+def machine_notes(values) -> list[str]:
+    """What depends on this machine rather than on the configuration: notes here, errors when training starts."""
+    from .precision import hardware_notes
+
+    return hardware_notes(values)

@@ -1,0 +1,58 @@
+"""Checks that depend on the machine or the installation, not on the configuration.
+
+`grpokit config` reports them as notes; `grpokit train` and `GRPOTrainer` turn them into errors (or, for the
+unset `bf16`, into a resolution) before anything loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def bf16_supported() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def hardware_problems(values) -> list[str]:
+    """Settings this machine cannot honour, one line each."""
+    problems = []
+    use_cpu = bool(values.get("use_cpu"))
+    if values.get("bf16") and not use_cpu and not bf16_supported():
+        problems.append("bf16=True: this machine has no bf16-capable GPU; set bf16: false (or use_cpu: true)")
+    if values.get("fp16") and not use_cpu and not cuda_available():
+        problems.append("fp16=True: fp16 mixed precision needs a CUDA GPU; set fp16: false")
+    if values.get("tf32") and not cuda_available():
+        problems.append("tf32=True: TF32 needs an Ampere or newer GPU; unset tf32")
+    if values.get("use_vllm") and not _installed("vllm"):
+        problems.append("use_vllm=True: vLLM is not installed (pip install vllm)")
+    if values.get("use_peft") and not _installed("peft"):
+        problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
+    if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not _installed("bitsandbytes"):
+        problems.append("load_in_4bit/load_in_8bit: bitsandbytes is not installed")
+    return problems
+
+
+def hardware_notes(values) -> list[str]:
+    notes = [f"on this machine {p}" for p in hardware_problems(values)]
+    if values.get("bf16") is None and not values.get("fp16") and not bf16_supported():
+        notes.append("bf16 is unset: it resolves to fp32 on this machine (no bf16-capable GPU), bf16 where supported")
+    return notes
+
+
+def resolve_precision(args) -> None:
+    """Fix the unset bf16 for this machine: bf16 where supported (and fp16 not set), else fp32."""
+    if args.bf16 is None:
+        args.bf16 = bool(not args.fp16 and bf16_supported())
+    args.mixed_precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"

@@ -1,0 +1,372 @@
+"""Validation rules over config values: one source of truth for errors, the plan and the JSON schema.
+
+Rules work on plain mappings of field name -> value, so the same code judges a single dataclass built in Python
+(`GRPOConfig(...)` raises `ConfigError`, a `ValueError`) and the merged values of every dataclass that the parser
+resolves (every problem reported at once, before anything heavy is loaded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from .migrations import DEPRECATED_FIELDS, RENAMED_KEYS, legacy_scale_rewards
+
+_UNSET = object()
+
+
+@dataclass
+class Problem:
+    """One thing wrong with a configuration, rendered as one line."""
+
+    field: str
+    message: str
+    value: Any = _UNSET
+    hint: str | None = None
+    source: str | None = None
+
+    def line(self) -> str:
+        where = self.field
+        if self.value is not _UNSET:
+            where += f"={self.value!r}"
+        if self.source and self.source != "default":
+            where += f" ({self.source})"
+        text = f"{where}: {self.message}"
+        return f"{text}; {self.hint}" if self.hint else text
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: carries every problem found, one line each."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(p.line() for p in self.problems))
+
+
+# ---- Ranges: (low, low inclusive, high, high inclusive); None means unbounded on that side. ----
+RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
+    # GRPOConfig
+    "num_generations": (2, True, None, False),
+    "num_generations_eval": (1, True, None, False),
+    "max_completion_length": (1, True, None, False),
+    "max_prompt_length": (1, True, None, False),
+    "generation_batch_size": (1, True, None, False),
+    "steps_per_generation": (1, True, None, False),
+    "num_iterations": (1, True, None, False),
+    "temperature": (0, False, None, False),
+    "top_p": (0, False, 1, True),
+    "top_k": (0, True, None, False),
+    "min_p": (0, True, 1, True),
+    "repetition_penalty": (0, False, None, False),
+    "beta": (0, True, None, False),
+    "epsilon": (0, True, None, False),
+    "epsilon_high": (0, True, None, False),
+    "delta": (1, False, None, False),
+    "sapo_temperature_pos": (0, False, None, False),
+    "sapo_temperature_neg": (0, False, None, False),
+    "vespo_k_pos": (0, False, None, False),
+    "vespo_lambda_pos": (0, False, None, False),
+    "vespo_k_neg": (0, False, None, False),
+    "vespo_lambda_neg": (0, False, None, False),
+    "top_entropy_quantile": (0, False, 1, True),
+    "off_policy_mask_threshold": (0, False, None, False),
+    "entropy_coef": (0, True, None, False),
+    "entropy_coef_min": (0, True, None, False),
+    "entropy_coef_delta": (0, True, None, False),
+    "ref_model_mixup_alpha": (0, True, 1, True),
+    "ref_model_sync_steps": (1, True, None, False),
+    "num_completions_to_print": (0, True, None, False),
+    "vllm_gpu_memory_utilization": (0, False, 1, True),
+    "vllm_tensor_parallel_size": (1, True, None, False),
+    "vllm_server_port": (1, True, 65535, True),
+    "vllm_group_port": (1, True, 65535, True),
+    "vllm_server_timeout": (0, False, None, False),
+    "vllm_max_model_length": (1, True, None, False),
+    "vllm_importance_sampling_clip_min": (0, True, None, False),
+    "vllm_importance_sampling_clip_max": (0, False, None, False),
+    "max_tool_calling_iterations": (1, True, None, False),
+    # TrainingArguments
+    "per_device_train_batch_size": (1, True, None, False),
+    "per_device_eval_batch_size": (1, True, None, False),
+    "gradient_accumulation_steps": (1, True, None, False),
+    "learning_rate": (0, True, None, False),
+    "weight_decay": (0, True, None, False),
+    "max_grad_norm": (0, True, None, False),
+    "num_train_epochs": (0, False, None, False),
+    "max_steps": (-1, True, None, False),
+    "warmup_steps": (0, True, None, False),
+    "logging_steps": (0, True, None, False),
+    "save_total_limit": (0, True, None, False),
+    "dataloader_num_workers": (0, True, None, False),
+    # ModelConfig
+    "lora_r": (1, True, None, False),
+    "lora_alpha": (0, False, None, False),
+    "lora_dropout": (0, True, 1, False),
+    # DatasetMixtureConfig / DatasetConfig
+    "test_split_size": (0, False, None, False),
+    "fraction": (0, False, 1, True),
+}
+
+MAPPING_FIELDS = (
+    "generation_kwargs",
+    "chat_template_kwargs",
+    "model_init_kwargs",
+    "transformers_continuous_batching_config",
+)
+
+
+def _range_text(low, low_inc, high, high_inc) -> str:
+    parts = []
+    if low is not None:
+        parts.append(f"{'>=' if low_inc else '>'} {low}")
+    if high is not None:
+        parts.append(f"{'<=' if high_inc else '<'} {high}")
+    return "must be " + " and ".join(parts)
+
+
+def range_problem(name: str, value, default=None) -> Problem | None:
+    """A Problem when `value` lies outside the range of `name`, with the nearest valid value as hint."""
+    if name not in RANGES or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, low_inc, high, high_inc = RANGES[name]
+    too_low = low is not None and (value < low or (value == low and not low_inc))
+    too_high = high is not None and (value > high or (value == high and not high_inc))
+    if not (too_low or too_high) and not (isinstance(value, float) and math.isnan(value)):
+        return None
+    bound, inclusive = (low, low_inc) if too_low else (high, high_inc)
+    if inclusive:
+        nearest = bound
+    elif isinstance(value, int):
+        nearest = bound + 1 if too_low else bound - 1
+    else:
+        nearest = None
+    if nearest is not None:
+        hint = f"nearest valid value: {nearest}"
+    elif default is not None and range_problem(name, default) is None:
+        hint = f"for example {default} (the default)"
+    else:
+        hint = None
+    return Problem(name, _range_text(low, low_inc, high, high_inc), value, hint)
+
+
+def type_problems(values: dict[str, Any], cls) -> tuple[dict[str, Any], list[Problem]]:
+    """Coerce each value of a dataclass built in Python to its field type: (coerced values, problems)."""
+    from .types import MAPPING_ITEM_FIELDS, CoercionError, coerce, field_types
+
+    hints = field_types(cls)
+    coerced, problems = {}, []
+    for f in dataclasses.fields(cls):
+        if f.name not in values or not f.init:
+            continue
+        try:
+            coerced[f.name] = coerce(values[f.name], hints[f.name], mapping_items=f.name in MAPPING_ITEM_FIELDS)
+        except CoercionError as exc:
+            hint = f"did you mean {exc.suggestion!r}?" if exc.suggestion is not None else None
+            problems.append(Problem(f.name, str(exc), hint=hint))
+    return coerced, problems
+
+
+def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[Problem]:
+    """Rules that need only the values themselves (ranges and combinations of fields), every problem at once."""
+    defaults = defaults or {}
+    get = values.get
+    problems = [p for name, v in values.items() if (p := range_problem(name, v, defaults.get(name)))]
+    for name in MAPPING_FIELDS:
+        v = get(name)
+        if v is not None and not isinstance(v, dict):
+            problems.append(Problem(name, "must be a mapping (in YAML a nested block, on the command line JSON)", v))
+    if get("generation_batch_size") is not None and get("steps_per_generation") is not None:
+        problems.append(
+            Problem(
+                "generation_batch_size",
+                "generation_batch_size and steps_per_generation cannot both be set (one is derived from the other)",
+                get("generation_batch_size"),
+                f"set only one; steps_per_generation={get('steps_per_generation')} alone, for example",
+            )
+        )
+    if get("auto_find_batch_size"):
+        problems.append(
+            Problem(
+                "auto_find_batch_size",
+                "not supported by GRPO: shrinking the batch on out-of-memory breaks whole groups of num_generations",
+                True,
+                "set it to false and lower per_device_train_batch_size",
+            )
+        )
+    if get("fp16") and get("bf16"):
+        problems.append(Problem("bf16", "fp16 and bf16 cannot both be true", True, "keep one of them"))
+    lo, hi = get("entropy_coef_min"), get("entropy_coef_max")
+    if _num(lo) and _num(hi) and lo > hi:
+        problems.append(Problem("entropy_coef_min", f"must be <= entropy_coef_max ({hi})", lo, f"nearest valid: {hi}"))
+    lo, hi = get("vllm_importance_sampling_clip_min"), get("vllm_importance_sampling_clip_max")
+    if _num(lo) and _num(hi) and lo >= hi:
+        problems.append(
+            Problem("vllm_importance_sampling_clip_min", f"must be < vllm_importance_sampling_clip_max ({hi})", lo)
+        )
+    if (
+        get("vllm_importance_sampling_correction")
+        and str(get("vllm_importance_sampling_mode", "")).endswith("_truncate")
+        and lo is None
+        and hi is None
+        and "vllm_importance_sampling_clip_max" in values
+    ):
+        problems.append(
+            Problem(
+                "vllm_importance_sampling_mode",
+                "a *_truncate mode needs vllm_importance_sampling_clip_min or _clip_max",
+                get("vllm_importance_sampling_mode"),
+                "set vllm_importance_sampling_clip_max: 3.0",
+            )
+        )
+    if get("log_completions_hub_repo") is not None and not get("log_completions"):
+        problems.append(
+            Problem("log_completions_hub_repo", "needs log_completions: true", get("log_completions_hub_repo"))
+        )
+    if get("load_in_8bit") and get("load_in_4bit"):
+        problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
+    return problems
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# ---- Batch geometry ----
+
+
+def num_processes_from_env() -> int:
+    """Processes of the launch this config runs under (accelerate/torchrun set WORLD_SIZE); 1 otherwise."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _nearest_multiples(value: int, step: int) -> list[int]:
+    """The multiples of `step` nearest to `value` (below and above; positive only)."""
+    below = (value // step) * step
+    above = below + step if below != value else value
+    return sorted({m for m in (below, above) if m > 0})
+
+
+def _divisors_at_least_2(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str, int], list[Problem]]:
+    """TRL's batch-geometry rules. Returns (derived steps_per_generation and generation_batch_size, problems)."""
+    per_device = values.get("per_device_train_batch_size")
+    grad_accum = values.get("gradient_accumulation_steps")
+    num_gen = values.get("num_generations")
+    gen_batch = values.get("generation_batch_size")
+    steps = values.get("steps_per_generation")
+    if not all(_num(v) and v >= 1 for v in (per_device, grad_accum)) or not (_num(num_gen) and num_gen >= 2):
+        return {}, []  # already reported as range problems
+    if gen_batch is not None and steps is not None:
+        return {}, []  # reported by check_fields
+    global_batch = per_device * num_processes
+    problems = []
+    if gen_batch is None:
+        steps = steps if steps is not None else grad_accum
+        gen_batch = global_batch * steps
+    elif gen_batch % global_batch != 0:
+        problems.append(
+            Problem(
+                "generation_batch_size",
+                f"must be divisible by the global batch per_device_train_batch_size x processes = "
+                f"{per_device} x {num_processes} = {global_batch}",
+                gen_batch,
+                "nearest valid values: " + " or ".join(map(str, _nearest_multiples(gen_batch, global_batch))),
+            )
+        )
+        return {}, problems
+    else:
+        steps = gen_batch // global_batch
+    if gen_batch % num_gen != 0:
+        problems.append(_group_problem(values, gen_batch, num_gen, global_batch, num_processes))
+    derived = {"steps_per_generation": steps, "generation_batch_size": gen_batch}
+    eval_on = values.get("do_eval") or str(getattr(values.get("eval_strategy"), "value", values.get("eval_strategy")))
+    if eval_on not in (False, None, "no", "None") and values.get("eval_strategy") not in (None, "no"):
+        num_gen_eval = values.get("num_generations_eval") or num_gen
+        eval_batch = values.get("per_device_eval_batch_size")
+        if _num(eval_batch) and eval_batch >= 1 and (eval_batch * num_processes) % num_gen_eval != 0:
+            step = num_gen_eval // math.gcd(num_gen_eval, num_processes)
+            problems.append(
+                Problem(
+                    "per_device_eval_batch_size",
+                    f"the global eval batch per_device_eval_batch_size x processes = {eval_batch} x {num_processes} "
+                    f"must be divisible by the evaluation group size {num_gen_eval}",
+                    eval_batch,
+                    "nearest valid values: " + " or ".join(map(str, _nearest_multiples(eval_batch, step))),
+                )
+            )
+    return derived, problems
+
+
+def _group_problem(values, gen_batch, num_gen, global_batch, num_processes) -> Problem:
+    explicit = values.get("generation_batch_size") is not None
+    name = "generation_batch_size" if explicit else "num_generations"
+    how = "" if explicit else (
+        f" (per_device_train_batch_size x processes x steps_per_generation = {global_batch // num_processes} x "
+        f"{num_processes} x {gen_batch // global_batch})"
+    )
+    options = [
+        "generation_batch_size " + " or ".join(map(str, _nearest_multiples(gen_batch, math.lcm(num_gen, global_batch))))
+    ]
+    if not explicit:
+        per_device = values["per_device_train_batch_size"]
+        steps = gen_batch // global_batch
+        step = num_gen // math.gcd(num_gen, num_processes * steps)
+        options.insert(0, "per_device_train_batch_size " + " or ".join(map(str, _nearest_multiples(per_device, step))))
+    near_g = min(_divisors_at_least_2(gen_batch) or [2], key=lambda d: (abs(d - num_gen), -d))
+    options.append(f"num_generations {near_g}")
+    return Problem(
+        name,
+        f"the generation batch {gen_batch}{how} must be divisible by num_generations = {num_gen}, so that it "
+        "holds whole groups",
+        values.get(name),
+        "nearest valid: " + "; ".join(options),
+    )
+
+
+def derive_batch_geometry(values: dict[str, Any], *, num_processes: int) -> dict[str, int]:
+    derived, problems = check_geometry(values, num_processes)
+    if problems:
+        raise ConfigError(problems)
+    return derived
+
+
+# ---- Migration of deprecated fields on instances built in Python ----
+
+
+def migrate_in_place(obj) -> None:
+    """Move deprecated fields' values to their new names, with a FutureWarning, as TRL does."""
+    for old in DEPRECATED_FIELDS:
+        value = getattr(obj, old, None)
+        if value not in (None, False):
+            new, why = RENAMED_KEYS[old]
+            warnings.warn(f"{old} is deprecated: {why}", FutureWarning, stacklevel=4)
+            setattr(obj, new, value)
+            setattr(obj, old, None if value is not True else False)
+    if hasattr(obj, "scale_rewards"):
+        legacy = legacy_scale_rewards(obj.scale_rewards)
+        if legacy is not None:
+            obj.scale_rewards = legacy
+
+
+def validate_instance(obj) -> None:
+    """What every config dataclass runs in `__post_init__`: migrate, coerce types, check rules; raise once."""
+    migrate_in_place(obj)
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+    coerced, problems = type_problems(values, type(obj))
+    for name, value in coerced.items():
+        if value is not values[name]:
+            setattr(obj, name, value)
+    defaults = {f.name: f.default for f in dataclasses.fields(obj) if f.default is not dataclasses.MISSING}
+    problems += check_fields(coerced, defaults)
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,66 @@
+"""Safe, strict YAML reading: duplicate keys, Python-object tags, non-mapping tops and syntax errors are errors
+that name the file and line. Returns the data and the line of each top-level key (for provenance)."""
+
+from __future__ import annotations
+
+import yaml
+
+from .rules import ConfigError, Problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys at any depth."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_file(path: str) -> tuple[dict, dict[str, int]]:
+    """(top-level mapping, {key: 1-based line}) of a YAML config file, or raise ConfigError with one line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError([Problem("config", f"cannot read {path}: {exc.strerror}", path)]) from None
+    return load_yaml_text(text, path)
+
+
+def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        what = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        if "could not determine a constructor for the tag" in what:
+            what = f"{what.split('tag')[-1].strip()} is a tag that constructs Python objects; only plain YAML is read"
+        raise ConfigError([Problem("config", f"{where}: {what}")]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem("config", f"{name}: {' '.join(str(exc).split())}")]) from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem("config", f"{name}: the top level must be a mapping of field: value, not a {type(data).__name__}")]
+        )
+    lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value}
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ConfigError([Problem("config", f"{name}:{lines.get(bad[0], '?')}: key {bad[0]!r} is not a string")])
+    return data, lines
