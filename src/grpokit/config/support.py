@@ -1,0 +1,37 @@
+"""Fields that are accepted and shown but not implemented by the trainer yet.
+
+`grpokit train` and `GRPOTrainer` refuse any of them set to a non-default value, before anything loads: a knob that
+does nothing must fail loudly, never be a silent no-op. The README lists this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# field -> why it is not available yet
+NOT_IMPLEMENTED: dict[str, str] = {
+    "use_vllm": "vLLM generation is not supported yet (generation uses transformers `generate`)",
+    "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
+    "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
+    "max_tool_calling_iterations": "tool-calling agents are not supported yet",
+    "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
+    "vllm_structured_outputs_regex": "vLLM generation is not supported yet",
+}
+
+# vLLM-only fields are inert without use_vllm (which is refused), so they are not listed one by one.
+
+
+def unsupported_settings(*configs) -> list[str]:
+    """One line per not-yet-implemented field set to a non-default value in any of `configs`."""
+    lines = []
+    for config in configs:
+        if config is None or not dataclasses.is_dataclass(config):
+            continue
+        for f in dataclasses.fields(config):
+            if f.name not in NOT_IMPLEMENTED:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else None
+            value = getattr(config, f.name, default)
+            if value != default:
+                lines.append(f"{f.name}={value!r}: {NOT_IMPLEMENTED[f.name]}")
+    return lines
