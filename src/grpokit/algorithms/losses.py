@@ -117,6 +117,11 @@ def importance_ratio(
     )
 
 
+def _full(like: Tensor, value: float) -> Tensor:
+    # A 0-dim constant in `like`'s dtype (torch.where with Python floats would round them to the default float32).
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
 @torch.no_grad()
 def vespo_weights(
     advantages: Tensor,
@@ -150,8 +155,8 @@ def vespo_weights(
         log_w = log_w + importance_sampling_ratio.log().clamp(log_floor, 20.0).sum(dim=-1, keepdim=True)
     log_w = log_w.clamp(log_floor, 20.0)
     nonnegative = advantages >= 0
-    k = torch.where(nonnegative, k_pos, k_neg)
-    lam = torch.where(nonnegative, lambda_pos, lambda_neg).clamp(min=1e-4)
+    k = torch.where(nonnegative, _full(log_w, k_pos), _full(log_w, k_neg))
+    lam = torch.where(nonnegative, _full(log_w, lambda_pos), _full(log_w, lambda_neg)).clamp(min=1e-4)
     log_phi = lam + k * log_w - lam * log_w.exp()
     return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
@@ -275,7 +280,10 @@ def sapo_objective(batch: _Batch) -> Tensor:
     At ratio 1 the gate's derivative is exactly 1, so the on-policy gradient equals grpo's; the value (-2A / tau)
     does not. Shape follows `ratio`.
     """
-    temperature = torch.where(batch.advantages > 0, batch.sapo_temperature_pos, batch.sapo_temperature_neg)
+    positive = batch.advantages > 0
+    temperature = torch.where(
+        positive, _full(batch.ratio, batch.sapo_temperature_pos), _full(batch.ratio, batch.sapo_temperature_neg)
+    )
     gate = torch.sigmoid(temperature * (batch.ratio - 1)) * 4 / temperature
     return _sampling_corrected(-gate * batch.advantages, batch)
 
