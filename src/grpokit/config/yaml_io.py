@@ -47,7 +47,8 @@ def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         what = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
         if "could not determine a constructor for the tag" in what:
-            what = f"{what.split('tag')[-1].strip()} is a tag that constructs Python objects; only plain YAML is read"
+            tag = what.split("for the tag", 1)[1].strip()
+            what = f"the tag {tag} would construct a Python object; only plain YAML values are read"
         raise ConfigError([Problem("config", f"{where}: {what}")]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([Problem("config", f"{name}: {' '.join(str(exc).split())}")]) from None

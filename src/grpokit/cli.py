@@ -1,0 +1,217 @@
+"""`grpokit`: thin command line. Parse, then hand over.
+
+    grpokit train  [--config F]... [--recipe NAME] [--field value]...
+    grpokit config validate|show|plan|schema|diff ...
+    grpokit recipes [show NAME]
+    grpokit plot RUN_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+USAGE = """usage: grpokit <command> [options]
+
+commands:
+  train                 train (no arguments: a small built-in demo)
+  config validate       check a configuration: `ok`, or one line per problem (exit 2)
+  config show           resolved values and their sources [--format table|yaml|json] [--all]
+  config plan           batch geometry and a memory estimate, before anything loads
+  config schema         JSON Schema of the YAML that --config accepts
+  config diff A B       fields that resolve differently in two YAML files
+  recipes [show NAME]   list the shipped recipes, or print one
+  plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
+
+every config subcommand and train take --config FILE (repeatable), --recipe NAME and --<field> value flags.
+"""
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        if not argv:
+            argv = ["train"]
+        else:
+            print(USAGE)
+            return 0
+    command, rest = argv[0], argv[1:]
+    handlers = {"config": _config, "recipes": _recipes, "train": _train, "plot": _plot}
+    if command not in handlers:
+        from grpokit.config.suggest import closest
+
+        near = closest(command, handlers)
+        _error(f"unknown command {command!r}" + (f"; did you mean {near!r}?" if near else ""))
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        return handlers[command](rest)
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+
+
+def _error(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr)
+
+
+def _resolve(args):
+    """Resolve the default dataclasses from `args`; (resolution, None) or (None, exit code) after printing."""
+    from grpokit.config.parser import TrlParser
+    from grpokit.config.rules import ConfigError
+
+    try:
+        resolution = TrlParser().resolve(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            _error(problem.line())
+        return None, 2
+    for warning in resolution.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return resolution, None
+
+
+def _take_option(args, name, default=None, choices=None):
+    """Remove `--name value` from args; return (value, args)."""
+    out, value, i = [], default, 0
+    while i < len(args):
+        if args[i] == name and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif args[i].startswith(name + "="):
+            value, i = args[i].split("=", 1)[1], i + 1
+        else:
+            out.append(args[i])
+            i += 1
+    if choices and value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+    return value, out
+
+
+def _config(args) -> int:
+    subcommands = ("validate", "show", "plan", "schema", "diff")
+    if not args or args[0] not in subcommands:
+        from grpokit.config.suggest import closest
+
+        given = args[0] if args else ""
+        near = closest(given, subcommands) if given else None
+        _error(f"config needs a subcommand ({', '.join(subcommands)})" + (f"; did you mean {near!r}?" if near else ""))
+        return 2
+    sub, rest = args[0], args[1:]
+    if sub == "schema":
+        from grpokit.config.parser import DEFAULT_TYPES
+        from grpokit.config.schema import build_schema
+
+        print(json.dumps(build_schema(DEFAULT_TYPES), indent=2))
+        return 0
+    if sub == "diff":
+        return _diff(rest)
+    try:
+        fmt, rest = _take_option(rest, "--format", "table", ("table", "yaml", "json"))
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    show_all = "--all" in rest
+    rest = [a for a in rest if a != "--all"]
+    resolution, code = _resolve(rest)
+    if resolution is None:
+        return code
+    for note in resolution.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if sub == "validate":
+        print("ok")
+    elif sub == "show":
+        from grpokit.config import render
+
+        if fmt == "json":
+            print(render.as_json(resolution))
+        elif fmt == "yaml":
+            print(render.as_yaml(resolution, header=["resolved by grpokit config show"]), end="")
+        else:
+            print(render.as_table(resolution, show_all=show_all))
+    else:
+        _print_plan(resolution)
+    return 0
+
+
+def _print_plan(resolution) -> None:
+    from grpokit.config.plan import batch_geometry, memory_estimate
+
+    print("batch geometry")
+    rows = batch_geometry(resolution.values)
+    width = max(len(r[0]) for r in rows)
+    for name, value, how in rows:
+        print(f"  {name:<{width}}  {str(value):>8}  {how}")
+    memory = memory_estimate(resolution.values)
+    print("memory per process (estimate)")
+    if memory is None:
+        print("  unknown: model_name_or_path is not a local directory with a config.json")
+        return
+    width = max(len(r[0]) for r in memory)
+    for name, size, how in memory:
+        print(f"  {name:<{width}}  {size:>10}  {how}")
+
+
+def _diff(args) -> int:
+    files = [a for a in args if not a.startswith("--") and a.endswith((".yaml", ".yml"))][:2]
+    if len(files) != 2:
+        _error("config diff needs two YAML files: grpokit config diff A.yaml B.yaml [--field value]...")
+        return 2
+    flags = [a for a in args if a not in files]
+    a, code = _resolve(["--config", files[0], *flags])
+    if a is None:
+        return code
+    b, code = _resolve(["--config", files[1], *flags])
+    if b is None:
+        return code
+    changed = [k for k in a.values if a.values[k] != b.values.get(k)]
+    if not changed:
+        print("no differences")
+    for k in changed:
+        print(f"{k}: {json.dumps(a.values[k], default=str)} ({a.sources[k]}) -> "
+              f"{json.dumps(b.values[k], default=str)} ({b.sources[k]})")
+    return 0
+
+
+def _recipes(args) -> int:
+    from grpokit.config.recipes import recipe_names, recipe_summary, recipe_text
+    from grpokit.config.rules import ConfigError
+
+    if not args:
+        for name in recipe_names():
+            print(f"{name:<12} {recipe_summary(name)}")
+        return 0
+    if args[0] == "show" and len(args) == 2:
+        try:
+            print(recipe_text(args[1]), end="")
+        except ConfigError as exc:
+            _error(exc.problems[0].line())
+            return 2
+        return 0
+    _error("usage: grpokit recipes [show NAME]")
+    return 2
+
+
+def _train(args) -> int:
+    from grpokit.train import run_train
+
+    return run_train(args)
+
+
+def _plot(args) -> int:
+    if len(args) != 1 or not os.path.isdir(args[0]):
+        _error("usage: grpokit plot RUN_DIR (a directory holding metrics.jsonl)")
+        return 2
+    from grpokit.plot import plot_run
+
+    try:
+        path = plot_run(args[0])
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

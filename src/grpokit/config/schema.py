@@ -1,0 +1,140 @@
+"""JSON Schema (draft 2020-12) of the YAML that `--config` accepts, built from the dataclasses and the rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import typing
+from typing import Any
+
+from .migrations import RENAMED_KEYS
+from .recipes import recipe_names
+from .rules import RANGES
+from .script_args import DatasetConfig
+from .types import MAPPING_ITEM_FIELDS, _union_args, field_choices, field_types, strip_optional
+
+
+def _type_schema(tp) -> dict:
+    inner, optional = strip_optional(tp)
+    choices = field_choices(inner)
+    if choices is not None:
+        schema = {"enum": list(choices) + ([None] if optional else [])}
+        return schema
+    members = _union_args(inner) or (inner,)
+    options = [_single(m) for m in members]
+    if optional:
+        options.append({"type": "null"})
+    if len(options) == 1:
+        return options[0]
+    simple = [o for o in options if set(o) == {"type"}]
+    if len(simple) == len(options):
+        return {"type": [o["type"] for o in options]}
+    return {"anyOf": options}
+
+
+def _single(tp) -> dict:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if tp is dict or origin is dict:
+        return {"type": "object"}
+    if tp is list or origin is list:
+        args = typing.get_args(tp)
+        return {"type": "array", "items": _type_schema(args[0])} if args and args[0] is not Any else {"type": "array"}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if dataclasses.is_dataclass(tp):
+        return {"type": "object"}
+    return {}
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _field_schema(dtype, f) -> dict:
+    schema = _type_schema(field_types(dtype)[f.name])
+    if f.name in RANGES:
+        low, low_inc, high, high_inc = RANGES[f.name]
+        if low is not None:
+            schema["minimum" if low_inc else "exclusiveMinimum"] = low
+        if high is not None:
+            schema["maximum" if high_inc else "exclusiveMaximum"] = high
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    default = getattr(default, "value", default)
+    if _jsonable(default):
+        schema["default"] = default
+    if f.metadata.get("help"):
+        schema["description"] = f.metadata["help"].replace("%%", "%")
+    return schema
+
+
+def build_schema(dataclass_types) -> dict:
+    properties: dict[str, Any] = {}
+    for dtype in dataclass_types:
+        for f in dataclasses.fields(dtype):
+            if f.init and f.name not in properties:
+                properties[f.name] = _field_schema(dtype, f)
+    if "recipe" in properties:
+        properties["recipe"]["enum"] = recipe_names() + [None]
+        properties["recipe"].pop("type", None)
+    if "datasets" in properties:
+        properties["datasets"] = {
+            "type": "array",
+            "description": properties["datasets"].get("description", ""),
+            "items": {
+                "type": "object",
+                "properties": {f.name: _field_schema(DatasetConfig, f) for f in dataclasses.fields(DatasetConfig)},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+            "default": [],
+        }
+    for name in MAPPING_ITEM_FIELDS & set(properties):
+        entry = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "kwargs": {"type": "object"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        }
+        properties[name]["anyOf"] = [{"type": "array", "items": {"anyOf": [{"type": "string"}, entry]}},
+                                     {"type": "null"}]
+        properties[name].pop("type", None)
+        properties[name].pop("items", None)
+    if "scale_rewards" in properties:
+        properties["scale_rewards"]["enum"] = properties["scale_rewards"]["enum"] + [True, False]
+    properties["env"] = {
+        "type": "object",
+        "description": "Environment variables set (as strings) before the rest of the config is applied.",
+        "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+    }
+    for old, (new, why) in RENAMED_KEYS.items():
+        if old not in properties:
+            target = dict(properties.get(new, {})) if new else {}
+            target.pop("default", None)
+            target.update({"deprecated": True, "description": f"Deprecated: {why}."})
+            properties[old] = target
+        else:
+            properties[old]["deprecated"] = True
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://grpokit.dev/schema/config.json",
+        "title": "grpokit GRPO training configuration",
+        "description": "Keys of a YAML file passed to `grpokit train --config` (and TRL-style scripts).",
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+    }
