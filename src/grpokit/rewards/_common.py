@@ -23,7 +23,9 @@ def _message_text(message: Any, reward: str) -> str:
     if isinstance(content, Sequence):
         # Multimodal content: a list of parts such as {"type": "text", "text": "..."}; only the text counts.
         return "".join(
-            part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type", "text") == "text"
+            part.get("text", "")
+            for part in content
+            if isinstance(part, Mapping) and part.get("type", "text") == "text"
         )
     raise ValueError(f"{reward}: message content must be a string or a list of parts, got {type(content).__name__}")
 
@@ -71,7 +73,9 @@ def column(values: Any, name: str, n: int, reward: str) -> list:
     if values is None:
         raise ValueError(f"{reward}: needs a `{name}` column in the dataset (passed as the `{name}` keyword)")
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(f"{reward}: `{name}` must be a list aligned with the completions, got {type(values).__name__}")
+        raise ValueError(
+            f"{reward}: `{name}` must be a list aligned with the completions, got {type(values).__name__}"
+        )
     if len(values) != n:
         raise ValueError(f"{reward}: got {len(values)} `{name}` values for {n} completions")
     return list(values)

@@ -30,13 +30,16 @@ def is_math_verify_available() -> bool:
     return importlib.util.find_spec("math_verify") is not None
 
 
-class _DropDisabledTimeoutWarning(logging.Filter):
-    # We disable math-verify's signal timeouts on purpose (and enforce our own), so its warning about it is noise.
+class _DropExpectedWarnings(logging.Filter):
+    # We disable math-verify's signal timeouts on purpose (and enforce our own), and open-r1's answer normalisation
+    # keeps `equations=True` (still effective, but warned about on every parse): both warnings are noise here.
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
+        message = str(record.msg)
+        return not (message.startswith("Timeout is disabled") or message.startswith("equations=True"))
 
 
-_FILTER = _DropDisabledTimeoutWarning()
+_FILTER = _DropExpectedWarnings()
+_QUIETED_LOGGERS = ("math_verify.parser", "math_verify.grader", "latex2sympy2_extended.math_normalization")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ def load_checker(flavor: str, reward: str) -> Checker:
             f"reward {reward!r} checks math answers with the math-verify package, which is not installed: "
             f"{MATH_INSTALL_HINT}"
         ) from e
-    for name in ("math_verify.parser", "math_verify.grader"):
+    for name in _QUIETED_LOGGERS:
         log = logging.getLogger(name)
         if _FILTER not in log.filters:
             log.addFilter(_FILTER)
@@ -70,21 +73,37 @@ def load_checker(flavor: str, reward: str) -> Checker:
         gold_kwargs: dict[str, Any] = {}
         normalization = NormalizationConfig(units=True)
     elif flavor == "openr1":
-        # Gold: LaTeX only, first match. Answer: as open-r1 (no malformed-operator fixing, equations normalised).
+        # Gold: LaTeX, first match, as open-r1; a gold solution without LaTeX (e.g. a bare "42"), which open-r1
+        # would skip, falls back to math-verify's default extraction. Answer: as open-r1.
         gold_kwargs = {"extraction_config": [latex()], "extraction_mode": "first_match"}
         normalization = NormalizationConfig(
             nits=False, malformed_operators=False, basic_latex=True, equations=True, boxed="all", units=True
         )
     else:  # pragma: no cover - internal misuse
         raise ValueError(f"unknown math checker flavor {flavor!r}")
-    answer_config = [latex(normalization_config=normalization, boxed_match_priority=0, try_extract_without_anchor=False)]
+    answer_config = [
+        latex(normalization_config=normalization, boxed_match_priority=0, try_extract_without_anchor=False)
+    ]
+    parse_gold = functools.partial(math_verify.parse, parsing_timeout=None, **gold_kwargs)
+    if gold_kwargs:
+        parse_gold = functools.partial(
+            _first_nonempty, (parse_gold, functools.partial(math_verify.parse, parsing_timeout=None))
+        )
     return Checker(
-        parse_gold=functools.partial(math_verify.parse, parsing_timeout=None, **gold_kwargs),
+        parse_gold=parse_gold,
         parse_answer=functools.partial(
             math_verify.parse, extraction_config=answer_config, extraction_mode="first_match", parsing_timeout=None
         ),
         verify=functools.partial(math_verify.verify, timeout_seconds=None),
     )
+
+
+def _first_nonempty(parsers: tuple[Callable[[str], list], ...], text: str) -> list:
+    for parse in parsers:
+        parsed = parse(text)
+        if parsed:
+            return parsed
+    return []
 
 
 class MathTimeout(TimeoutError):

@@ -3,7 +3,9 @@
 Each reward's `__name__` is its registry name, so metrics read `rewards/accuracy/mean`, `rewards/format/mean`, ...
 Parameterised rewards are factories taking keyword arguments (defaults: open-r1's factory defaults).
 Deviations from open-r1, on purpose: an unparsable gold solution gives `None` (skip the example, as TRL does)
-instead of 1.0 / "treated as correct", and the cosine schedule is clamped past `max_len` (instead of rising again).
+instead of 1.0 / "treated as correct"; a gold solution without LaTeX (e.g. `42`) falls back to math-verify's default
+extraction instead of being unparsable; answers are verified as `verify(gold, answer)` (math-verify's argument order);
+the cosine schedule is clamped past `max_len` (instead of rising again).
 """
 
 from __future__ import annotations
@@ -207,18 +209,20 @@ def repetition_penalty(*, ngram_size: int = 3, max_penalty: float = -1.0) -> Cal
 
 
 def soft_overlong_punishment(
-    *, max_completion_len: int = 16384, soft_punish_cache: int = 4096
+    *, max_completion_len: int = 16384, soft_punish_cache: int | None = None
 ) -> Callable[..., list[float]]:
     """Factory of open-r1's `soft_overlong_punishment` (DAPO, same formula as TRL's `get_soft_overlong_punishment`).
 
     Over token counts (`completion_ids`): 0.0 up to `max_completion_len - soft_punish_cache`, then linear down to
-    -1.0 at `max_completion_len`, -1.0 beyond. Defaults are open-r1's; `resolve_reward` offers the training
-    config's max completion length as `max_completion_len`.
+    -1.0 at `max_completion_len`, -1.0 beyond. `soft_punish_cache=None` means a quarter of `max_completion_len`
+    (open-r1's defaults: 16384 and 4096), so the window follows a `max_completion_len` taken from the training
+    config (which `resolve_reward` offers through `defaults`).
 
     >>> punish = soft_overlong_punishment(max_completion_len=10, soft_punish_cache=4)
     >>> punish(completion_ids=[[0] * 6, [0] * 8, [0] * 11])
     [0.0, -0.5, -1.0]
     """
-    return make_soft_overlong_punishment(
-        "soft_overlong_punishment", "soft_overlong_punishment", max_completion_len, soft_punish_cache
-    )
+    owner = "soft_overlong_punishment"
+    if soft_punish_cache is None:
+        soft_punish_cache = check_int(owner, "max_completion_len", max_completion_len, 1) // 4
+    return make_soft_overlong_punishment(owner, owner, max_completion_len, soft_punish_cache)

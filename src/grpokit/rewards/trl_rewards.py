@@ -188,7 +188,9 @@ class _CosineScaledReward(RewardCallable):
             if grade.score is None:
                 rewards.append(None)
             elif grade.score:  # correct: shorter is better
-                rewards.append(cosine_interpolate(len(row) / self.max_len, v["max_value_correct"], v["min_value_correct"]))
+                rewards.append(
+                    cosine_interpolate(len(row) / self.max_len, v["max_value_correct"], v["min_value_correct"])
+                )
             else:  # wrong: shorter is penalised more
                 rewards.append(cosine_interpolate(len(row) / self.max_len, v["min_value_wrong"], v["max_value_wrong"]))
         return rewards

@@ -1,0 +1,293 @@
+"""Registry of built-in rewards and resolution of reward specs (name, dotted path, or {"name", "kwargs"} mapping)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import openr1_rewards as _openr1
+from . import trl_rewards as _trl
+from ._common import TRAINER_CALL_KWARGS
+
+RewardFunc = Callable[..., list]
+
+REWARD_FUNCS: dict[str, RewardFunc] = {
+    # TRL names
+    "accuracy_reward": _trl.accuracy_reward,
+    "reasoning_accuracy_reward": _trl.reasoning_accuracy_reward,
+    "think_format_reward": _trl.think_format_reward,
+    # open-r1 names
+    "accuracy": _openr1.accuracy,
+    "format": _openr1.format_reward,
+    "tag_count": _openr1.tag_count,
+    "reasoning_steps": _openr1.reasoning_steps,
+    "length": _openr1.length,
+}
+
+REWARD_FACTORIES: dict[str, Callable[..., RewardFunc]] = {
+    # open-r1 names (keyword-only parameters, open-r1's defaults)
+    "cosine": _openr1.cosine,
+    "repetition_penalty": _openr1.repetition_penalty,
+    "soft_overlong_punishment": _openr1.soft_overlong_punishment,
+    # TRL names
+    "get_soft_overlong_punishment": _trl.get_soft_overlong_punishment,
+    "get_cosine_scaled_reward": _trl.get_cosine_scaled_reward,
+    "get_repetition_penalty_reward": _trl.get_repetition_penalty_reward,
+}
+
+# Built-ins that check answers with math-verify (the optional `grpokit[math]` extra).
+MATH_REWARD_NAMES = frozenset(
+    {"accuracy_reward", "reasoning_accuracy_reward", "accuracy", "length", "cosine", "get_cosine_scaled_reward"}
+)
+
+_SPEC_KEYS = ("name", "kwargs")
+
+
+def reward_names() -> list[str]:
+    """All built-in reward names (plain functions and factories), sorted."""
+    return sorted({*REWARD_FUNCS, *REWARD_FACTORIES})
+
+
+def _did_you_mean(word: str, candidates: Any) -> str:
+    candidates = list(candidates)
+    by_lower = {c.lower(): c for c in candidates}
+    match = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[match[0]]!r}?" if match else ""
+
+
+def _label(spec: Any) -> str:
+    if isinstance(spec, str):
+        return repr(spec)
+    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+        return repr(spec["name"])
+    text = repr(spec)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------- dotted paths
+
+
+def _import_dotted(path: str) -> Any:
+    """Import `package.module.attr[.attr...]`; ValueError naming the part that failed."""
+    parts = path.split(".")
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        raise ValueError(f"reward {path!r}: not a valid dotted path 'package.module.function'")
+    module, n_module = None, 0
+    for n in range(len(parts) - 1, 0, -1):  # longest importable module prefix first
+        name = ".".join(parts[:n])
+        try:
+            module, n_module = importlib.import_module(name), n
+            break
+        except ModuleNotFoundError as e:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                continue  # this prefix is not a module; the rest may be attributes of a shorter one
+            raise ValueError(f"reward {path!r}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise ValueError(f"reward {path!r}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
+    if module is None:
+        raise ValueError(f"reward {path!r}: cannot import module {parts[0]!r} (no module named {parts[0]!r})")
+    obj = module
+    for i in range(n_module, len(parts)):
+        owner = ".".join(parts[:i])
+        if not hasattr(obj, parts[i]):
+            public = [a for a in dir(obj) if not a.startswith("_")]
+            kind = "module" if inspect.ismodule(obj) else "object"
+            raise ValueError(
+                f"reward {path!r}: {kind} {owner!r} has no attribute {parts[i]!r}{_did_you_mean(parts[i], public)}"
+            )
+        obj = getattr(obj, parts[i])
+    if not callable(obj):
+        raise ValueError(f"reward {path!r}: {type(obj).__name__} object is not callable")
+    return obj
+
+
+def _is_reward_function(obj: Any) -> bool:
+    """Whether a user callable is a reward function (vs. a factory): it takes `**kwargs` or a trainer call argument."""
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD or p.name in {"prompts", "completions", "completion_ids"} for p in params)
+
+
+# ---------------------------------------------------------------------------------------------------- parameters
+
+
+def _parameters(fn: Callable, *, factory: bool, strict: bool) -> tuple[list[str] | None, list[str]]:
+    """(keyword names `fn` accepts, or None for any; required names) for binding spec kwargs.
+
+    Factories accept all their keyword-passable parameters; reward functions only those with a default that the
+    trainer does not pass itself. `strict=False` lets a `**kwargs` reward function take any other name.
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None, []
+    keywordable = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    if factory:
+        return (None if has_var_kw else [p.name for p in keywordable]), [
+            p.name for p in keywordable if p.default is p.empty
+        ]
+    if has_var_kw and not strict:
+        return None, []
+    return [p.name for p in keywordable if p.default is not p.empty and p.name not in TRAINER_CALL_KWARGS], []
+
+
+def _check_kwargs(label: str, kwargs: Mapping, accepted: list[str] | None) -> None:
+    for key in kwargs:
+        if not isinstance(key, str):
+            raise ValueError(f"reward {label}: kwargs keys must be strings, got {key!r}")
+        if key in TRAINER_CALL_KWARGS:
+            raise ValueError(f"reward {label}: cannot set {key!r}, the trainer passes it on every call")
+        if accepted is not None and key not in accepted:
+            allowed = ", ".join(accepted) if accepted else "none"
+            raise ValueError(
+                f"reward {label}: unknown kwarg {key!r}{_did_you_mean(key, accepted)} (accepted: {allowed})"
+            )
+
+
+def _named(fn: Any, name: str, label: str) -> RewardFunc:
+    """Make sure the reward has a `__name__` (metric names are `rewards/<name>/mean`)."""
+    if not callable(fn):
+        raise ValueError(f"reward {label}: the factory returned {type(fn).__name__}, not a callable")
+    if isinstance(getattr(fn, "__name__", None), str):
+        return fn
+    try:
+        fn.__name__ = name
+    except (AttributeError, TypeError) as e:
+        raise ValueError(f"reward {label}: the reward callable has no __name__ and none can be set") from e
+    return fn
+
+
+def _bind(fn: Callable, kwargs: Mapping) -> RewardFunc:
+    if not kwargs:
+        return fn
+    bound = functools.partial(fn, **kwargs)
+    functools.update_wrapper(bound, fn)  # keeps __name__ / __doc__; partials of module functions stay picklable
+    return bound
+
+
+def _call_factory(factory: Callable, label: str, name: str, kwargs: Mapping, defaults: Mapping) -> RewardFunc:
+    accepted, required = _parameters(factory, factory=True, strict=True)
+    _check_kwargs(label, kwargs, accepted)
+    offered = {k: v for k, v in defaults.items() if accepted is not None and k in accepted and k not in kwargs}
+    arguments = {**offered, **kwargs}
+    missing = [p for p in required if p not in arguments]
+    if missing:
+        raise ValueError(
+            f"reward {label}: missing required kwarg(s) {', '.join(missing)}; "
+            f"give them as {{'name': {name!r}, 'kwargs': {{...}}}}"
+        )
+    try:
+        reward = factory(**arguments)
+    except TypeError as e:
+        raise ValueError(f"reward {label}: bad kwargs: {e}") from e
+    return _named(reward, name.rsplit(".", 1)[-1], label)
+
+
+# ---------------------------------------------------------------------------------------------------- resolution
+
+
+def resolve_reward(spec: Any, *, defaults: Mapping[str, Any] | None = None) -> RewardFunc:
+    """Turn a reward spec into a reward function `fn(prompts=..., completions=..., **kwargs) -> list[float | None]`.
+
+    `spec` is one of:
+      - a built-in name (`reward_names()`); a factory is called with its defaults (plus `defaults`);
+      - a dotted path `package.module.function` to a reward function, imported;
+      - a mapping `{"name": <built-in name or dotted path>, "kwargs": {...}}`: a factory (built-in, or a dotted
+        callable that takes neither `**kwargs` nor `prompts`/`completions`/`completion_ids`) is called with the
+        kwargs; a reward function gets them bound with `functools.partial`;
+      - a callable, returned as is.
+
+    `defaults` are config-derived values offered to factories having a parameter of that name, unless the spec's
+    kwargs set it (e.g. `{"max_completion_len": 512}` for the soft overlong punishment).
+    The result always has a `__name__`. Bad specs raise `ValueError` with a one-line message.
+
+    >>> resolve_reward("format").__name__
+    'format'
+    >>> resolve_reward({"name": "soft_overlong_punishment", "kwargs": {"soft_punish_cache": 2}},
+    ...                defaults={"max_completion_len": 4})(completion_ids=[[0] * 2, [0] * 3])
+    [0.0, -0.5]
+    """
+    if defaults is None:
+        defaults = {}
+    elif not isinstance(defaults, Mapping):
+        raise ValueError(f"resolve_reward: `defaults` must be a mapping, got {type(defaults).__name__}")
+    label = _label(spec)
+
+    if isinstance(spec, Mapping):
+        unknown = [k for k in spec if k not in _SPEC_KEYS]
+        if unknown:
+            raise ValueError(
+                f"reward {label}: unknown key {unknown[0]!r}{_did_you_mean(str(unknown[0]), _SPEC_KEYS)} "
+                "(a reward mapping has 'name' and 'kwargs')"
+            )
+        name = spec.get("name")
+        kwargs = spec.get("kwargs")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"reward {label}: a reward mapping needs a 'name' string, got {name!r}")
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, Mapping):
+            raise ValueError(f"reward {label}: 'kwargs' must be a mapping, got {type(kwargs).__name__}")
+        return _resolve_name(name, label, dict(kwargs), defaults, from_mapping=True)
+
+    if isinstance(spec, str):
+        return _resolve_name(spec, label, {}, defaults, from_mapping=False)
+
+    if callable(spec):
+        if isinstance(spec, functools.partial) and not hasattr(spec, "__name__"):
+            inner = spec.func
+            while isinstance(inner, functools.partial):
+                inner = inner.func
+            named = functools.partial(spec.func, *spec.args, **spec.keywords)
+            named.__name__ = getattr(inner, "__name__", type(inner).__name__)
+            return named
+        return _named(spec, type(spec).__name__, label)
+
+    raise ValueError(
+        f"reward {label}: a reward spec is a name, a dotted path, a {{'name': ..., 'kwargs': ...}} mapping or a "
+        f"callable, got {type(spec).__name__}"
+    )
+
+
+def _resolve_name(name: str, label: str, kwargs: dict, defaults: Mapping, *, from_mapping: bool) -> RewardFunc:
+    if name in REWARD_FUNCS:
+        fn = REWARD_FUNCS[name]
+        accepted, _ = _parameters(fn, factory=False, strict=True)
+        _check_kwargs(label, kwargs, accepted)
+        return _bind(fn, kwargs)
+    if name in REWARD_FACTORIES:
+        return _call_factory(REWARD_FACTORIES[name], label, name, kwargs, defaults)
+    if "." not in name:
+        hint = _did_you_mean(name, reward_names())
+        if not hint:
+            hint = f"; built-ins: {', '.join(reward_names())}; or give a dotted path 'package.module.function'"
+        raise ValueError(f"reward {label}: unknown reward name{hint}")
+    obj = _import_dotted(name)
+    if from_mapping and not _is_reward_function(obj):
+        return _call_factory(obj, label, name, kwargs, defaults)
+    accepted, _ = _parameters(obj, factory=False, strict=False)
+    _check_kwargs(label, kwargs, accepted)
+    return _named(_bind(obj, kwargs), name.rsplit(".", 1)[-1], label)
+
+
+def check_reward_spec(spec: Any, *, defaults: Mapping[str, Any] | None = None) -> str | None:
+    """None if `spec` resolves (see `resolve_reward`), else a one-line message naming the spec and what is wrong.
+
+    >>> check_reward_spec("acuracy")
+    "reward 'acuracy': unknown reward name; did you mean 'accuracy'?"
+    >>> check_reward_spec({"name": "cosine", "kwargs": {"max_lenght": 100}}) is not None
+    True
+    """
+    try:
+        resolve_reward(spec, defaults=defaults)
+    except Exception as e:
+        message = str(e) if isinstance(e, ValueError) else f"reward {_label(spec)}: {type(e).__name__}: {e}"
+        return " ".join(message.split())
+    return None
