@@ -301,7 +301,8 @@ class GRPOConfig(TrainingArguments):
     reward_weights: list[float] | None = field(
         default=None,
         metadata={
-            "help": "One weight per reward function (and reward model, last), in order. Unset weighs all by 1.0."
+            "help": "One weight per reward, in order: the reward model first (when set), then each reward function. "
+            "Unset weighs all by 1.0."
         },
     )
     multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = field(

@@ -305,6 +305,11 @@ class TrlParser(HfArgumentParser):
         return [_with_source(p, sources) for p in problems]
 
 
+def reward_defaults(values) -> dict:
+    """Config values offered to reward factories that take parameters of these names."""
+    return {"max_completion_len": values.get("max_completion_length")}
+
+
 def reward_problems(values) -> list[Problem]:
     """Across dataclasses: every reward resolves, and reward_weights has one weight per reward."""
     problems = []
@@ -315,16 +320,15 @@ def reward_problems(values) -> list[Problem]:
         check_reward_spec = None
     if check_reward_spec is not None:
         for i, spec in enumerate(funcs):
-            message = check_reward_spec(spec)
+            message = check_reward_spec(spec, defaults=reward_defaults(values))
             if message:
                 problems.append(Problem("reward_funcs", f"entry {i}: {message}"))
     weights = values.get("reward_weights")
     expected = len(funcs) + (1 if values.get("reward_model_name_or_path") else 0)
     if weights is not None and len(weights) != expected:
-        what = f"{len(funcs)} reward function(s)" + (" + 1 reward model" if values.get("reward_model_name_or_path")
-                                                     else "")
+        what = ("1 reward model + " if values.get("reward_model_name_or_path") else "") + f"{len(funcs)} reward function(s)"
         problems.append(Problem("reward_weights", f"has {len(weights)} weight(s) but there are {what}", weights,
-                                f"give {expected} weight(s), one per reward, in order"))
+                                f"give {expected} weight(s): the reward model's first (when set), then one per function, in order"))
     if not funcs and not values.get("reward_model_name_or_path") and "reward_funcs" in values:
         pass  # a script may pass reward functions in Python; `grpokit train` checks this itself
     return problems

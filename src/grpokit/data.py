@@ -1,0 +1,157 @@
+"""Loading training data with `datasets` and shaping prompts (prompt column, system prompt).
+
+Sources: a hub id, a local directory, a local .json/.jsonl/.csv/.parquet file, or a `datasets:` mixture. Problems
+are raised as `DataError` with one line that names the dataset, the split, the column or the row.
+"""
+
+from __future__ import annotations
+
+import os
+
+_LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used: one line naming what is wrong."""
+
+
+def _load(path, *, name=None, data_dir=None, data_files=None, split=None, streaming=False):
+    import datasets
+
+    kwargs = {"name": name, "data_dir": data_dir, "streaming": streaming}
+    ext = os.path.splitext(str(path))[1].lower()
+    if ext in _LOCAL_FORMATS:
+        if not os.path.isfile(path):
+            raise DataError(f"dataset file {path} does not exist")
+        builder, kwargs = _LOCAL_FORMATS[ext], {"data_files": {"train": str(path)}, "streaming": streaming}
+    else:
+        builder = str(path)
+        if data_files is not None:
+            kwargs["data_files"] = data_files
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return datasets.load_dataset(builder, split=split, **kwargs)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as exc:
+        if not os.path.exists(str(path)) and ext not in _LOCAL_FORMATS:
+            where = "offline (HF_HUB_OFFLINE=1), so a hub dataset must already be cached" if offline else (
+                "it is not a local path and could not be fetched from the hub")
+            raise DataError(f"dataset {path!r} could not be loaded: {where}") from None
+        raise DataError(f"dataset {path!r} could not be loaded: {' '.join(str(exc).split())[:300]}") from None
+    except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ...)
+        raise DataError(f"dataset {path!r} could not be loaded: {' '.join(str(exc).split())[:300]}") from None
+
+
+def _split(dataset_dict, split, what):
+    if split not in dataset_dict:
+        from grpokit.config.suggest import closest
+
+        near = closest(split, list(dataset_dict))
+        hint = f"; did you mean {near!r}?" if near else f"; it has {', '.join(dataset_dict)}"
+        raise DataError(f"{what} has no split {split!r}{hint}")
+    return dataset_dict[split]
+
+
+def load_mixture(mixture) -> dict:
+    """TRL's mixture semantics: each entry loaded and column-selected; `fraction`s are target shares of the final
+    mixture (set on all entries or none), the mixture as large as possible without oversampling any dataset."""
+    import datasets
+
+    parts = []
+    for i, entry in enumerate(mixture.datasets):
+        ds = _load(entry.path, name=entry.name, data_dir=entry.data_dir, data_files=entry.data_files,
+                   split=entry.split, streaming=mixture.streaming)
+        if entry.columns is not None:
+            missing = [c for c in entry.columns if c not in (ds.column_names or [])]
+            if missing:
+                raise DataError(f"datasets[{i}] ({entry.path}): no column {missing[0]!r}; it has {ds.column_names}")
+            ds = ds.select_columns(entry.columns)
+        parts.append(ds)
+    if not parts:
+        raise DataError("the `datasets:` mixture is empty")
+    fractions = [entry.fraction for entry in mixture.datasets]
+    if any(f is not None for f in fractions):
+        if any(f is None for f in fractions):
+            raise DataError("datasets: set `fraction` on every entry of the mixture or on none")
+        if mixture.streaming:
+            raise DataError("datasets: `fraction` cannot be used with streaming")
+        weights = [f / sum(fractions) for f in fractions]
+        total = min(len(ds) / w for ds, w in zip(parts, weights))
+        parts = [ds.select(range(round(w * total))) for ds, w in zip(parts, weights)]
+    columns = [tuple(sorted(ds.column_names or [])) for ds in parts]
+    if len(set(columns)) > 1:
+        raise DataError(f"datasets: the mixture's entries have different columns {columns}; select common ones "
+                        "with `columns:`")
+    combined = datasets.concatenate_datasets(parts)
+    if mixture.test_split_size is not None:
+        return dict(combined.train_test_split(test_size=mixture.test_split_size))
+    return {"train": combined}
+
+
+def load_train_eval(script_args, mixture, *, want_eval: bool):
+    """(train dataset, eval dataset or None) from the script arguments or the `datasets:` mixture."""
+    if mixture is not None and mixture.datasets:
+        splits = load_mixture(mixture)
+        train = splits["train"]
+        evaluation = splits.get("test") if want_eval else None
+        if want_eval and evaluation is None:
+            raise DataError("evaluation is on but the mixture has no test split; set test_split_size")
+    elif script_args.dataset_name:
+        loaded = _load(script_args.dataset_name, name=script_args.dataset_config,
+                       streaming=script_args.dataset_streaming)
+        what = f"dataset {script_args.dataset_name!r}"
+        train = _split(loaded, script_args.dataset_train_split, what)
+        evaluation = _split(loaded, script_args.dataset_test_split, what) if want_eval else None
+    else:
+        raise DataError("no training data: set dataset_name or a `datasets:` mixture")
+    column, system = script_args.dataset_prompt_column, script_args.system_prompt
+    train = prepare_prompts(train, column, system, "train")
+    if evaluation is not None:
+        evaluation = prepare_prompts(evaluation, column, system, "eval")
+    return train, evaluation
+
+
+def prepare_prompts(dataset, column: str = "prompt", system_prompt: str | None = None, split: str = "train"):
+    """Rename `column` to `prompt`, check every row has a non-empty prompt, and prepend `system_prompt`."""
+    names = dataset.column_names or []
+    if column not in names:
+        from grpokit.config.suggest import closest
+
+        near = closest(column, names)
+        hint = f"; did you mean {near!r}?" if near else f"; columns are {names}"
+        raise DataError(f"{split} data has no prompt column {column!r} (dataset_prompt_column){hint}")
+    if column != "prompt":
+        if "prompt" in names:
+            dataset = dataset.remove_columns("prompt")
+        dataset = dataset.rename_column(column, "prompt")
+    if hasattr(dataset, "__len__"):
+        for index, prompt in enumerate(dataset["prompt"]):
+            problem = _prompt_problem(prompt)
+            if problem:
+                raise DataError(f"{split} row {index}: prompt {problem}")
+    if system_prompt:
+        dataset = dataset.map(lambda row: {"prompt": with_system_prompt(row["prompt"], system_prompt)})
+    return dataset
+
+
+def _prompt_problem(prompt) -> str | None:
+    if prompt is None:
+        return "is missing"
+    if isinstance(prompt, str):
+        return "is empty" if not prompt.strip() else None
+    if isinstance(prompt, list):
+        if not prompt:
+            return "is an empty conversation"
+        for message in prompt:
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                return "is a list whose items are not chat messages with 'role' and 'content'"
+        return None
+    return f"has type {type(prompt).__name__}; expected text or a list of chat messages"
+
+
+def with_system_prompt(prompt, system_prompt: str):
+    """A system message first for conversational prompts (replacing none already there); text prepended otherwise."""
+    if isinstance(prompt, list):
+        if prompt and prompt[0].get("role") == "system":
+            return prompt
+        return [{"role": "system", "content": system_prompt}, *prompt]
+    return f"{system_prompt}\n{prompt}"
