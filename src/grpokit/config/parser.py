@@ -307,7 +307,9 @@ class TrlParser(HfArgumentParser):
 
 def reward_defaults(values) -> dict:
     """Config values offered to reward factories that take parameters of these names."""
-    return {"max_completion_len": values.get("max_completion_length")}
+    max_len = values.get("max_completion_length")
+    # The overlong punishment follows max_completion_length; its soft window is the last quarter (as in DAPO/open-r1).
+    return {"max_completion_len": max_len, "soft_punish_cache": max(1, max_len // 4) if max_len else None}
 
 
 def reward_problems(values) -> list[Problem]:
