@@ -1,0 +1,246 @@
+"""`grpokit train`: parse strictly, check everything that can be checked, then load data, model and rewards, train,
+and leave the whole run in output_dir (model, tokenizer, resolved_config.yaml, metrics.jsonl, reward_curve.png).
+
+Also runs under `accelerate launch -m grpokit train --config recipe.yaml` (every process parses; rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from transformers import TrainerCallback
+
+
+def _error(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr)
+
+
+def run_train(argv) -> int:
+    argv = list(argv)
+    if not argv or argv[0] == "--demo":
+        return run_demo(argv[1:] if argv else [])
+    return _train(argv)
+
+
+def run_demo(extra_args) -> int:
+    from grpokit.demo import demo_config_path, prepare_demo
+
+    out = "grpokit-demo"
+    for i, arg in enumerate(extra_args):
+        if arg == "--output_dir" and i + 1 < len(extra_args):
+            out = extra_args[i + 1]
+        elif arg.startswith("--output_dir="):
+            out = arg.split("=", 1)[1]
+    os.makedirs(out, exist_ok=True)
+    print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
+    model_dir, data_path = prepare_demo(out)
+    args = ["--config", demo_config_path(), "--model_name_or_path", model_dir, "--dataset_name", data_path,
+            "--output_dir", out, *extra_args]
+    return _train(args, demo=True)
+
+
+def _train(argv, *, demo: bool = False) -> int:
+    from grpokit.config.parser import TrlParser
+    from grpokit.config.precision import hardware_problems
+    from grpokit.config.rules import ConfigError
+    from grpokit.config.support import unsupported_settings
+
+    try:
+        resolution = TrlParser().resolve(argv)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            _error(problem.line())
+        return 2
+    for warning in resolution.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    script_args, training_args, model_args, mixture = resolution.instances
+    problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
+    if not model_args.model_name_or_path:
+        problems.append("model_name_or_path is not set: give a local model directory or a hub id")
+    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
+        problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
+    if not script_args.dataset_name and not mixture.datasets:
+        problems.append("no training data: set dataset_name or a `datasets:` mixture")
+    if problems:
+        for line in problems:
+            _error(line)
+        return 2
+
+    from grpokit.data import DataError, load_train_eval
+
+    try:
+        rewards = _resolve_rewards(script_args, training_args)
+        train_dataset, eval_dataset = load_train_eval(
+            script_args, mixture, want_eval=str(getattr(training_args.eval_strategy, "value", "no")) != "no"
+        )
+    except (DataError, ValueError) as exc:
+        _error(str(exc))
+        return 2
+
+    _finish_model_kwargs(training_args, model_args)
+    os.makedirs(training_args.output_dir, exist_ok=True)
+    _write_resolved_config(resolution, training_args.output_dir)
+
+    from grpokit.trainer import GRPOTrainer
+
+    recorder = RunRecorder(training_args.output_dir, show_progress=True)
+    try:
+        trainer = GRPOTrainer(
+            model=model_args.model_name_or_path,
+            reward_funcs=rewards,
+            args=training_args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            peft_config=_peft_config(model_args),
+            callbacks=[recorder],
+        )
+    except (OSError, ValueError) as exc:
+        _error(" ".join(str(exc).split())[:500])
+        return 2
+    recorder.trainer = trainer
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if trainer.is_world_process_zero():
+        from grpokit.plot import plot_run
+
+        plot = plot_run(training_args.output_dir)
+        out = training_args.output_dir
+        print(f"\nmodel and tokenizer: {out}/\nresolved config:     {out}/resolved_config.yaml\n"
+              f"metrics:             {out}/metrics.jsonl\nreward curve:        {plot}")
+        if demo:
+            _demo_verdict(out)
+    return 0
+
+
+def _resolve_rewards(script_args, training_args) -> list:
+    """Reward model first (TRL's order, which reward_weights follows), then each reward function."""
+    from grpokit.config.parser import reward_defaults
+    from grpokit.rewards import resolve_reward
+
+    rewards = []
+    if script_args.reward_model_name_or_path:
+        rewards.append(script_args.reward_model_name_or_path)
+    sys.path.insert(0, os.getcwd())  # dotted paths to the user's own modules, as TRL's script allows
+    for spec in script_args.reward_funcs or []:
+        rewards.append(resolve_reward(spec, defaults=reward_defaults(vars(training_args))))
+    return rewards
+
+
+def _finish_model_kwargs(training_args, model_args) -> None:
+    """ModelConfig's loading options become model_init_kwargs (explicit model_init_kwargs win), as in TRL."""
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_8bit=model_args.load_in_8bit,
+            load_in_4bit=model_args.load_in_4bit,
+            bnb_4bit_quant_type=model_args.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=model_args.use_bnb_nested_quant,
+            bnb_4bit_quant_storage=model_args.bnb_4bit_quant_storage,
+        )
+    kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _peft_config(model_args):
+    if not model_args.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
+        target_parameters=model_args.lora_target_parameters,
+        modules_to_save=model_args.lora_modules_to_save,
+        task_type=model_args.lora_task_type,
+        use_rslora=model_args.use_rslora,
+        use_dora=model_args.use_dora,
+    )
+
+
+def _write_resolved_config(resolution, output_dir) -> None:
+    import platform
+
+    import torch
+    import transformers
+
+    import grpokit
+    from grpokit.config.render import as_yaml
+
+    header = [
+        "resolved configuration of this run; re-run with: grpokit train --config resolved_config.yaml",
+        f"grpokit {grpokit.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"python {platform.python_version()}",
+        "each value is followed by its source: cli, yaml:<file>:<line>, recipe:<name>, migrated:<old key>",
+    ]
+    with open(os.path.join(output_dir, "resolved_config.yaml"), "w", encoding="utf-8") as fh:
+        fh.write(as_yaml(resolution, header=header))
+
+
+def _demo_verdict(output_dir) -> None:
+    from grpokit.plot import read_metrics
+
+    rows = [r for r in read_metrics(output_dir) if "reward" in r]
+    if not rows:
+        return
+    tail = rows[-max(1, len(rows) // 10):]
+    first, last = rows[0]["reward"], sum(r["reward"] for r in tail) / len(tail)
+    print(f"demo: mean reward {first:.3f} at the first logged step, {last:.3f} over the last tenth of logged steps")
+
+
+class RunRecorder(TrainerCallback):
+    """Appends each training log to metrics.jsonl (TRL's metric names plus `step`), logged completions to
+    completions.jsonl, and prints one progress line per log: step, reward, loss, ETA."""
+
+    def __init__(self, output_dir: str, *, show_progress: bool = True):
+        self.output_dir = output_dir
+        self.show_progress = show_progress
+        self.trainer = None
+        self._start = None
+        self._completions_written = 0
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            path = os.path.join(output_dir, name)
+            if os.path.exists(path):
+                os.remove(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "reward" not in logs and "loss" not in logs:
+            if "train_runtime" in logs and self.show_progress:
+                print(f"done in {logs['train_runtime']:.0f}s")
+            return
+        row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        with open(os.path.join(self.output_dir, "metrics.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        self._write_completions(state.global_step)
+        if self.show_progress and "reward" in logs:
+            elapsed = time.time() - (self._start or time.time())
+            total = state.max_steps or 0
+            eta = elapsed / max(state.global_step, 1) * max(total - state.global_step, 0)
+            loss = f" | loss {logs['loss']:+.4f}" if "loss" in logs else ""
+            print(f"step {state.global_step:>5}/{total} | reward {logs['reward']:.3f} ± {logs.get('reward_std', 0):.3f}"
+                  f"{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
+
+    def _write_completions(self, step) -> None:
+        samples = getattr(self.trainer, "logged_completions", None)
+        if not samples:
+            return
+        with open(os.path.join(self.output_dir, "completions.jsonl"), "a", encoding="utf-8") as fh:
+            for sample in samples:
+                fh.write(json.dumps({"step": step, **sample}, default=str) + "\n")
+        samples.clear()
