@@ -1,0 +1,104 @@
+import json
+
+import pytest
+
+from grpokit.config.script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
+from grpokit.data import DataError, load_mixture, load_train_eval, prepare_prompts, with_system_prompt
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_local_jsonl_with_prompt_column_and_system_prompt(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1?", "solution": "2"}, {"question": "2+2?", "solution": "4"}])
+    args = GRPOScriptArguments(dataset_name=path, dataset_prompt_column="question", system_prompt="Be brief.")
+    train, evaluation = load_train_eval(args, DatasetMixtureConfig(), want_eval=False)
+    assert evaluation is None
+    assert train["prompt"] == ["Be brief.\n1+1?", "Be brief.\n2+2?"]
+    assert train["solution"] == ["2", "4"]  # other columns reach the reward functions
+
+
+def test_conversational_prompt_gets_a_system_message():
+    prompt = [{"role": "user", "content": "hi"}]
+    assert with_system_prompt(prompt, "sys") == [{"role": "system", "content": "sys"}, *prompt]
+    already = [{"role": "system", "content": "mine"}, *prompt]
+    assert with_system_prompt(already, "sys") == already
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([{"prompt": "ok"}, {"prompt": ""}], "train row 1: prompt is empty"),
+        ([{"prompt": "ok"}, {"prompt": None}], "train row 1: prompt is missing"),
+        ([{"prompt": []}], "train row 0: prompt is an empty conversation"),
+        ([{"prompt": [{"text": "x"}]}], "train row 0: prompt is a list whose items are not chat messages"),
+    ],
+)
+def test_bad_prompt_rows_name_their_index(rows, message):
+    from datasets import Dataset
+
+    with pytest.raises(DataError, match=message):
+        prepare_prompts(Dataset.from_list(rows))
+
+
+def test_missing_prompt_column_suggests(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"promt": "x"}])
+    with pytest.raises(DataError, match="no prompt column 'prompt'.*did you mean 'promt'"):
+        load_train_eval(GRPOScriptArguments(dataset_name=path), DatasetMixtureConfig(), want_eval=False)
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet", "json"])
+def test_other_local_formats(tmp_path, ext):
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"prompt": ["a", "b", "c"]})
+    path = str(tmp_path / f"d.{ext}")
+    getattr(ds, f"to_{ext}")(path)
+    train, _ = load_train_eval(GRPOScriptArguments(dataset_name=path), DatasetMixtureConfig(), want_eval=False)
+    assert train["prompt"] == ["a", "b", "c"]
+
+
+def test_local_directory_with_splits(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [{"prompt": "t"}])
+    _jsonl(tmp_path / "test.jsonl", [{"prompt": "e"}])
+    args = GRPOScriptArguments(dataset_name=str(tmp_path))
+    train, evaluation = load_train_eval(args, DatasetMixtureConfig(), want_eval=True)
+    assert train["prompt"] == ["t"] and evaluation["prompt"] == ["e"]
+    with pytest.raises(DataError, match="no split 'tset'; did you mean 'test'"):
+        load_train_eval(GRPOScriptArguments(dataset_name=str(tmp_path), dataset_test_split="tset"),
+                        DatasetMixtureConfig(), want_eval=True)
+
+
+def test_hub_id_offline_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="offline") as info:
+        load_train_eval(GRPOScriptArguments(dataset_name="nobody/no-such-dataset"), DatasetMixtureConfig(),
+                        want_eval=False)
+    assert "\n" not in str(info.value)
+
+
+def test_mixture_fractions_are_target_shares(tmp_path):
+    # a has 10 rows, b has 4. Shares 0.5/0.5 -> total = min(10/0.5, 4/0.5) = 8 -> 4 rows of each.
+    a = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"a{i}", "x": 1} for i in range(10)])
+    b = _jsonl(tmp_path / "b.jsonl", [{"prompt": f"b{i}", "y": 2} for i in range(4)])
+    mixture = DatasetMixtureConfig(
+        datasets=[DatasetConfig(path=a, columns=["prompt"], fraction=0.5),
+                  DatasetConfig(path=b, columns=["prompt"], fraction=0.5)]
+    )
+    train = load_mixture(mixture)["train"]
+    assert train["prompt"] == ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"]
+
+
+def test_mixture_fraction_on_some_entries_only_is_an_error(tmp_path):
+    a = _jsonl(tmp_path / "a.jsonl", [{"prompt": "a"}])
+    mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path=a, fraction=0.5), DatasetConfig(path=a)])
+    with pytest.raises(DataError, match="every entry of the mixture or on none"):
+        load_mixture(mixture)
+
+
+def test_mixture_test_split(tmp_path):
+    a = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"a{i}"} for i in range(10)])
+    splits = load_mixture(DatasetMixtureConfig(datasets=[DatasetConfig(path=a)], test_split_size=0.2))
+    assert len(splits["train"]) == 8 and len(splits["test"]) == 2
