@@ -16,9 +16,11 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "max_tool_calling_iterations": "tool-calling agents are not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
     "vllm_structured_outputs_regex": "vLLM generation is not supported yet",
+    "ds3_gather_for_generation": "DeepSpeed ZeRO-3 is not supported yet, so there are no sharded weights to gather",
 }
 
-# vLLM-only fields are inert without use_vllm (which is refused), so they are not listed one by one.
+# vLLM-only fields are inert without use_vllm (which is refused), so they are not listed one by one. Likewise
+# `log_multimodal`: it only concerns images, and image prompts / multimodal processors are refused by the trainer.
 
 
 def unsupported_settings(*configs) -> list[str]:

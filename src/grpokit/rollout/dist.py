@@ -1,0 +1,81 @@
+"""The few cross-process operations a rollout needs, behind one small interface.
+
+`LOCAL` (one process, every operation the identity) lets rollouts run and be tested without a Trainer or an
+Accelerator; `AcceleratorCollective` wraps an `accelerate.Accelerator` for multi-process training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor
+
+
+class Collective(Protocol):
+    process_index: int
+    num_processes: int
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        """Concatenate along dim 0 the tensors of every process, in process order."""
+
+    def gather_object(self, items: list) -> list:
+        """Concatenate the Python lists of every process, in process order."""
+
+    def sum(self, tensor: Tensor) -> Tensor:
+        """Element-wise sum over processes."""
+
+    def gather_padded(self, tensor: Tensor, pad_value: float) -> Tensor:
+        """Gather 1-D tensors of different lengths (padded with `pad_value`, which is then dropped)."""
+
+
+class _Local:
+    process_index = 0
+    num_processes = 1
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def gather_object(self, items: list) -> list:
+        return list(items)
+
+    def sum(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def gather_padded(self, tensor: Tensor, pad_value: float) -> Tensor:
+        return tensor
+
+
+LOCAL: Collective = _Local()
+
+
+class AcceleratorCollective:
+    def __init__(self, accelerator: Any):
+        self.accelerator = accelerator
+
+    @property
+    def process_index(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.accelerator.num_processes
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        return self.accelerator.gather(tensor)
+
+    def gather_object(self, items: list) -> list:
+        if self.num_processes == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return gather_object(list(items))
+
+    def sum(self, tensor: Tensor) -> Tensor:
+        return self.accelerator.reduce(tensor, reduction="sum")
+
+    def gather_padded(self, tensor: Tensor, pad_value: float) -> Tensor:
+        if self.num_processes == 1:
+            return tensor
+        padded = self.accelerator.pad_across_processes(tensor, dim=0, pad_index=pad_value)
+        gathered = self.accelerator.gather(padded)
+        return gathered[gathered != pad_value]

@@ -1,0 +1,230 @@
+"""The models around a rollout: loading the policy and reward models, preparing the policy and the reference.
+
+Model loading follows TRL 1.16: `model_init_kwargs` go to `from_pretrained`, `dtype` defaults to float32 and may be a
+`torch.dtype`, `"auto"`, or one of `"bfloat16"`, `"float16"`, `"float32"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+def from_pretrained_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool) -> dict[str, Any]:
+    kwargs = dict(model_init_kwargs or {})  # a copy: the config's dict is not mutated
+    dtype = kwargs.get("dtype", "float32")
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        kwargs["dtype"] = getattr(torch, dtype)
+    elif not (isinstance(dtype, torch.dtype) or dtype in ("auto", None)):
+        raise ValueError(
+            f"model_init_kwargs['dtype']={dtype!r}: expected 'auto', a torch.dtype or one of {', '.join(DTYPE_NAMES)}"
+        )
+    else:
+        kwargs["dtype"] = dtype
+    kwargs.setdefault("trust_remote_code", trust_remote_code)
+    return kwargs
+
+
+def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_id, **from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    )
+
+
+def load_reward_model(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool):
+    """A sequence classifier with one output (the reward) and its tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    model = AutoModelForSequenceClassification.from_pretrained(model_id, num_labels=1, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
+    return model, tokenizer
+
+
+def prepare_reward_tokenizer(model, tokenizer) -> None:
+    """The reward is read at the last non-pad token, so the model must know the tokenizer's pad id."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def model_id(model) -> str:
+    return str(getattr(model.config, "_name_or_path", "") or "")
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and every EOS the generation config declares."""
+    declared = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids = [tokenizer.eos_token_id, *ids]
+    return ids
+
+
+def disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def cast_lm_head_to_fp32(model) -> None:
+    """Run the output projection in float32 on float32 weights, whatever the rest of the model runs in.
+
+    With tied embeddings the embedding table becomes float32 too; its outputs are cast back to the model's dtype so
+    the rest of the network is unchanged.
+    """
+    if is_peft_model(model):
+        model = model.get_base_model()
+    head = model.get_output_embeddings()
+    if _is_peft_layer(head):
+        raise ValueError(
+            "cast_lm_head_to_fp32=True does not work with a PEFT adapter on lm_head; remove 'lm_head' from the "
+            "adapter's target_modules, or set cast_lm_head_to_fp32=False"
+        )
+    original_dtype = head.weight.dtype
+    head.float()
+
+    def forward_fp32(hidden_states):
+        bias = None if head.bias is None else head.bias.float()
+        return nn.functional.linear(hidden_states.float(), head.weight.float(), bias)
+
+    head.forward = forward_fp32
+    if getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+        model.get_input_embeddings().register_forward_hook(lambda module, args, output: output.to(original_dtype))
+
+
+def is_peft_model(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _is_peft_layer(module) -> bool:
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        return False
+    return isinstance(module, BaseTunerLayer)
+
+
+def apply_peft(model, peft_config):
+    """Wrap `model` with a new adapter described by `peft_config` (a `peft.PeftConfig`)."""
+    try:
+        from peft import PeftConfig, get_peft_model
+    except ImportError as error:
+        raise ImportError("peft_config needs the peft library: pip install 'grpokit[peft]'") from error
+    if not isinstance(peft_config, PeftConfig):
+        raise TypeError(f"peft_config must be a peft.PeftConfig (e.g. LoraConfig), got {type(peft_config).__name__}")
+    if is_peft_model(model):
+        raise ValueError(
+            "got both a PeftModel and a peft_config: merge and unload the existing adapter, or pass the base model "
+            "with the peft_config"
+        )
+    return get_peft_model(model, peft_config)
+
+
+def add_reference_adapter(model) -> None:
+    """For a model that already carries a trained adapter ('default'): a frozen copy of it named 'ref', so the
+    reference policy is the policy as it started, not the bare base model."""
+    model.add_adapter("ref", model.peft_config["default"])
+    for name, param in model.named_parameters():
+        if ".default." in name:
+            ref_param = model.get_parameter(name.replace(".default.", ".ref."))
+            ref_param.data.copy_(param.data)
+            ref_param.requires_grad_(False)
+
+
+@contextlib.contextmanager
+def reference_policy(model) -> Iterator[None]:
+    """Within this context a PEFT `model` computes the reference policy: its 'ref' adapter if it has one, otherwise
+    the base model (adapters disabled)."""
+    if "ref" in model.peft_config:
+        model.set_adapter("ref")
+        try:
+            yield
+        finally:
+            model.set_adapter("default")
+    else:
+        with model.disable_adapter():
+            yield
+
+
+@torch.no_grad()
+def mix_into(target: nn.Module, source: nn.Module, alpha: float) -> None:
+    """target <- alpha * source + (1 - alpha) * target, parameter by parameter (TR-DPO's reference update)."""
+    for target_param, source_param in zip(target.parameters(), source.parameters(), strict=True):
+        target_param.data.mul_(1.0 - alpha).add_(source_param.data.to(target_param.dtype), alpha=alpha)
+
+
+def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False):
+    """The policy's tokenizer (loaded from the model's path when not given, padding and truncating on the left),
+    with a pad token, which the model's configs are told about."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    if processing_class is None:
+        processing_class = AutoTokenizer.from_pretrained(
+            model_id(model), truncation_side="left", padding_side="left", trust_remote_code=trust_remote_code
+        )
+    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"processing_class must be a tokenizer; got {type(processing_class).__name__} (multimodal processors are "
+            "not supported yet)"
+        )
+    if processing_class.pad_token is None:
+        processing_class.pad_token = processing_class.eos_token
+    model.config.get_text_config().pad_token_id = processing_class.pad_token_id
+    model.generation_config.pad_token_id = processing_class.pad_token_id
+    return processing_class
+
+
+def prepare_policy(model, peft_config, *, beta: float, gradient_checkpointing: bool, sync_ref_model: bool):
+    """The trainable policy and, when the KL term needs one, a frozen reference model: `(policy, reference)`.
+
+    Without PEFT the reference is a frozen copy of the initial policy (beta > 0 only). With a new adapter
+    (`peft_config`) there is no reference model: the policy with its adapter disabled is the reference. A
+    `PeftModel` given with a trained adapter gets a frozen copy of it ('ref') to serve as reference.
+    """
+    reference = None
+    if beta != 0.0 and peft_config is None and not is_peft_model(model):
+        import copy
+
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    if peft_config is not None:
+        model = apply_peft(model, peft_config)
+    elif is_peft_model(model) and beta != 0.0:
+        add_reference_adapter(model)
+    if is_peft_model(model):
+        if _is_peft_layer(model.get_output_embeddings()):
+            raise ValueError("a PEFT adapter on lm_head is not supported; remove 'lm_head' from target_modules")
+        if sync_ref_model:
+            raise ValueError(
+                "sync_ref_model=True does not work with PEFT: the reference is the model with its adapter disabled, "
+                "there is no separate reference model to synchronise"
+            )
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model, reference
+
+
+def router_aux_loss(model, coef: float | None) -> tuple[float, bool]:
+    """`(coefficient, enabled)` of a Mixture-of-Experts load-balancing loss: unset `coef` takes the model config's
+    value; a coefficient for a model without a router is an error."""
+    text_config = model.config.get_text_config()
+    has_router = hasattr(text_config, "output_router_logits")
+    if coef and not has_router:
+        raise ValueError(
+            f"router_aux_loss_coef={coef}: {type(model).__name__} is not a Mixture-of-Experts model that returns "
+            "router logits, so there is no load-balancing loss to weight; unset router_aux_loss_coef"
+        )
+    coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef
+    return coef, has_router and coef != 0.0

@@ -1,0 +1,152 @@
+"""Showing what a rollout produced: a plain-text table of prompts, completions, rewards and advantages."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from typing import Any
+
+
+def _text(entry: Any) -> str:
+    if isinstance(entry, list) and all(isinstance(m, dict) for m in entry):
+        return " | ".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in entry)
+    return str(entry)
+
+
+def _cell(value: Any, width: int) -> str:
+    if isinstance(value, float):
+        text = "nan" if math.isnan(value) else f"{value:.2f}"
+    else:
+        text = _text(value).replace("\r", "").replace("\n", "\\n").replace("\t", " ")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def select_rows(prompts: Sequence, num_samples: int | None, *, unique_prompts: bool = False, seed: int | None = None):
+    """Indices of the rows to show: one per distinct prompt if `unique_prompts`, then at most `num_samples` of them
+    drawn at random (all of them, in order, when `num_samples` is None or large enough)."""
+    indices = list(range(len(prompts)))
+    if unique_prompts:
+        seen, kept = set(), []
+        for i in indices:
+            key = repr(prompts[i])
+            if key not in seen:
+                seen.add(key)
+                kept.append(i)
+        indices = kept
+    if num_samples is not None and num_samples < len(indices):
+        indices = sorted(random.Random(seed).sample(indices, num_samples))
+    return indices
+
+
+def completions_table(
+    prompts: Sequence,
+    completions: Sequence,
+    rewards: dict[str, Sequence[float]],
+    advantages: Sequence[float],
+    step: int,
+    *,
+    num_samples: int | None = None,
+    unique_prompts: bool = False,
+    extra: dict[str, Sequence] | None = None,
+    text_width: int = 48,
+) -> str:
+    """A fixed-width table, one row per completion: prompt, completion, each reward, the advantage, extra columns.
+
+    Long texts are cut to `text_width` characters and newlines shown as `\\n`.
+    """
+    rows = select_rows(prompts, num_samples, unique_prompts=unique_prompts)
+    extra = extra or {}
+    headers = ["prompt", "completion", *rewards, "advantage", *extra]
+    widths = [text_width, text_width] + [max(9, len(h)) for h in headers[2:]]
+    body = []
+    for i in rows:
+        values = [prompts[i], completions[i], *(float(r[i]) for r in rewards.values()), float(advantages[i])]
+        values += [col[i] if i < len(col) else "" for col in extra.values()]
+        body.append([_cell(v, w) for v, w in zip(values, widths, strict=True)])
+    widths = [max([len(h)] + [len(r[c]) for r in body]) for c, h in enumerate(headers)]
+    numeric = set(range(2, 3 + len(rewards)))
+
+    def line(cells):
+        return (
+            "| "
+            + " | ".join(
+                c.rjust(w) if j in numeric else c.ljust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+            + " |"
+        )
+
+    rule = "+-" + "-+-".join("-" * w for w in widths) + "-+"
+    return "\n".join([f"completions at step {step}", rule, line(headers), rule, *map(line, body), rule])
+
+
+class CompletionLog:
+    """The prompts, completions, rewards and advantages of the latest generation batch (all processes), shown at
+    each logging step when `log_completions` is on."""
+
+    def __init__(self, size: int):
+        self.prompts, self.completions, self.advantages = deque(maxlen=size), deque(maxlen=size), deque(maxlen=size)
+        self.rewards = defaultdict(lambda: deque(maxlen=size))
+        self.extra = defaultdict(lambda: deque(maxlen=size))
+        self._pending_extra = defaultdict(list)
+
+    def add_extra(self, column: str, values: list):
+        """`log_extra` for reward functions: one more column of the completions table."""
+        self._pending_extra[column].extend(values)
+
+    def add_rollout(self, rollout, names: list[str], dist):
+        self.prompts.extend(rollout.prompts)
+        self.completions.extend(rollout.completions)
+        for i, name in enumerate(names):
+            self.rewards[name].extend(rollout.rewards[:, i].tolist())
+        self.advantages.extend(rollout.all_advantages.tolist())
+        local_rows = len(rollout.prompts) // dist.num_processes
+        for column in sorted(set(dist.gather_object(list(self._pending_extra)))):
+            values = self._pending_extra.get(column, [None] * local_rows)
+            self.extra[column].extend(dist.gather_object(values))
+        self._pending_extra.clear()
+
+    def report(self, step: int, output_dir: str, num_samples: int | None, unique_prompts: bool) -> str:
+        """Print the table and write the whole batch to `<output_dir>/completions/completions_<step>.parquet`."""
+        if not self.prompts:
+            return ""
+        prompts, rewards = list(self.prompts), {name: list(values) for name, values in self.rewards.items()}
+        extra = {name: list(values) for name, values in self.extra.items()}
+        table = completions_table(
+            prompts,
+            list(self.completions),
+            rewards,
+            list(self.advantages),
+            step,
+            num_samples=num_samples,
+            unique_prompts=unique_prompts,
+            extra=extra,
+        )
+        print(table)
+        self._write_parquet(
+            step, output_dir, rewards, extra, select_rows(prompts, None, unique_prompts=unique_prompts)
+        )
+        return table
+
+    def _write_parquet(self, step, output_dir, rewards, extra, rows):
+        import pandas as pd
+
+        def text(value):
+            return value if isinstance(value, str) else json.dumps(value)
+
+        n = len(self.prompts)
+        columns = {
+            "step": [step] * n,
+            "prompt": [text(p) for p in self.prompts],
+            "completion": [text(c) for c in self.completions],
+            **rewards,
+            **{k: [str(v) for v in values] for k, values in extra.items()},
+            "advantage": list(self.advantages),
+        }
+        frame = pd.DataFrame({k: v for k, v in columns.items() if len(v) == n}).iloc[rows]
+        folder = os.path.join(output_dir, "completions")
+        os.makedirs(folder, exist_ok=True)
+        frame.to_parquet(os.path.join(folder, f"completions_{step:05d}.parquet"))

@@ -1,0 +1,202 @@
+"""One rollout: generate completions for a batch of prompts, score them, and turn the scores into advantages.
+
+`produce_rollout` is a free function of its collaborators (a tokenizer, a generation backend, the reward functions,
+optional log-probability scorers, the cross-process collective), so it runs and is tested without a Trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpokit.algorithms import group_advantages, reward_metrics
+
+from .dist import LOCAL, Collective
+from .generate import GenerationBackend, decode_completions, encode_prompts, is_conversational, is_truncated, pad
+from .rewards import RewardFunctions, column_values
+
+# (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
+LogpsFn = Callable[[Tensor, Tensor, int], Tensor]
+
+# Fields of a rollout that training consumes, split into micro-batches along dim 0 (others are replicated).
+ROW_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_logps", "ref_logps")
+
+
+@dataclass
+class RolloutSettings:
+    """What shapes a rollout, besides its collaborators (the trainer fills it from `GRPOConfig`)."""
+
+    num_generations: int
+    max_prompt_length: int | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
+    mask_truncated_completions: bool = False
+    pad_to_multiple_of: int | None = None
+    scale_rewards: str = "group"
+    reward_weights: list[float] | None = None
+    multi_objective_aggregation: str = "sum_then_normalize"
+
+
+@dataclass
+class Rollout:
+    """A generation batch of this process, ready for the loss, plus what is logged about the whole batch.
+
+    Row tensors (B rows of this process; P prompt and C completion positions) are on the training device:
+    prompt ids left-padded, completion ids right-padded, `completion_mask` 1 up to and including the first EOS
+    (all 0 for a truncated completion when `mask_truncated_completions`).
+    """
+
+    prompt_ids: Tensor  # (B, P)
+    prompt_mask: Tensor  # (B, P)
+    completion_ids: Tensor  # (B, C)
+    completion_mask: Tensor  # (B, C)
+    advantages: Tensor  # (B,)
+    num_items_in_batch: Tensor  # () active completion tokens of the generation batch, all processes
+    old_logps: Tensor | None = None  # (B, C) under the policy that generated, when updates are off-policy
+    ref_logps: Tensor | None = None  # (B, C) under the reference model, when beta > 0
+    # Logging, over all processes (N = B x processes rows)
+    prompts: list = field(default_factory=list)
+    completions: list = field(default_factory=list)
+    rewards: Tensor | None = None  # (N, F), NaN where a function returned None
+    all_advantages: Tensor | None = None  # (N,)
+    num_tokens: int = 0  # prompt + completion tokens generated with, all processes
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def micro_batches(self, n: int, *, shuffle: bool = True) -> list[dict[str, Tensor]]:
+        """The rows split into `n` equal micro-batches (after a random permutation when `shuffle`), as dicts of the
+        tensors the loss needs; `num_items_in_batch` goes with each."""
+        rows = self.prompt_ids.size(0)
+        if rows % n != 0:
+            raise ValueError(f"a rollout of {rows} rows cannot be split into {n} equal micro-batches")
+        order = torch.randperm(rows) if shuffle else torch.arange(rows)
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name in ROW_FIELDS}
+        tensors = {k: v[order.to(v.device)] for k, v in tensors.items() if v is not None}
+        size = rows // n
+        return [
+            {
+                **{k: v[i * size : (i + 1) * size] for k, v in tensors.items()},
+                "num_items_in_batch": self.num_items_in_batch,
+            }
+            for i in range(n)
+        ]
+
+
+def produce_rollout(
+    rows: list[dict[str, Any]],
+    *,
+    tokenizer,
+    generator: GenerationBackend,
+    rewards: RewardFunctions,
+    settings: RolloutSettings,
+    eos_token_ids: list[int],
+    old_logps_fn: LogpsFn | None = None,
+    ref_logps_fn: LogpsFn | None = None,
+    reward_kwargs: dict[str, Any] | None = None,
+    dist: Collective = LOCAL,
+    device: torch.device | str = "cpu",
+) -> Rollout:
+    """Generate, score and compute advantages for `rows` (dataset rows, each prompt already repeated once per
+    generation, groups consecutive across the processes' batches in process order).
+
+    Args:
+        rows: this process's rows; each has a `prompt` (text or messages) and any other columns for the rewards.
+        old_logps_fn: scores the completions under the current policy; None when updates are on-policy.
+        ref_logps_fn: scores them under the reference model; None when beta = 0.
+        reward_kwargs: extra keywords for reward functions (`trainer_state`, `log_extra`, `log_metric`).
+    """
+    prompts = [row["prompt"] for row in rows]
+    prompt_id_lists = encode_prompts(
+        tokenizer,
+        prompts,
+        max_prompt_length=settings.max_prompt_length,
+        chat_template_kwargs=settings.chat_template_kwargs,
+    )
+    completion_id_lists = generator.generate(prompt_id_lists)
+    completions = decode_completions(tokenizer, completion_id_lists, conversational=is_conversational(prompts[0]))
+
+    batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)
+    truncated = torch.tensor(
+        [is_truncated(ids, eos_token_ids, tokenizer.pad_token_id) for ids in completion_id_lists], device=device
+    )
+    if settings.mask_truncated_completions:
+        batch["completion_mask"] = batch["completion_mask"] * (~truncated).unsqueeze(1).long()
+
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+C)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+C)
+    logits_to_keep = batch["completion_ids"].size(1)
+    with torch.no_grad():
+        old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep) if old_logps_fn else None
+        ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep) if ref_logps_fn else None
+
+    local_rewards = rewards(
+        prompts, completions, completion_id_lists, column_values(rows), **(reward_kwargs or {})
+    )  # (B, F)
+    all_rewards = dist.gather(local_rewards.to(device))  # (N, F): groups may span processes
+    advantage_kwargs = dict(
+        reward_weights=settings.reward_weights,
+        scale_rewards=settings.scale_rewards,
+        multi_objective_aggregation=settings.multi_objective_aggregation,
+    )
+    all_advantages = group_advantages(all_rewards, settings.num_generations, **advantage_kwargs)  # (N,)
+    local = slice(dist.process_index * len(rows), (dist.process_index + 1) * len(rows))
+
+    prompt_lengths = torch.tensor([len(ids) for ids in prompt_id_lists], device=device)
+    completion_lengths = torch.tensor([len(ids) for ids in completion_id_lists], device=device)
+    all_completion_lengths = dist.gather(completion_lengths)
+    metrics = _length_metrics(all_completion_lengths, dist.gather(truncated))
+    metrics.update(_reward_metrics(all_rewards, settings.num_generations, rewards.names, advantage_kwargs))
+    return Rollout(
+        **batch,
+        advantages=all_advantages[local],
+        num_items_in_batch=dist.sum(batch["completion_mask"].sum()),
+        old_logps=old_logps,
+        ref_logps=ref_logps,
+        prompts=dist.gather_object(prompts),
+        completions=dist.gather_object(completions),
+        rewards=all_rewards.cpu(),
+        all_advantages=all_advantages.cpu(),
+        num_tokens=int(dist.gather(prompt_lengths).sum().item() + all_completion_lengths.sum().item()),
+        metrics=metrics,
+    )
+
+
+def _pad_batch(prompt_ids, completion_ids, pad_token_id, settings: RolloutSettings, device) -> dict[str, Tensor]:
+    multiple = settings.pad_to_multiple_of
+    tensors = {
+        "prompt_ids": pad(prompt_ids, value=pad_token_id, side="left", multiple_of=multiple),
+        "prompt_mask": pad([[1] * len(p) for p in prompt_ids], value=0, side="left", multiple_of=multiple),
+        "completion_ids": pad(completion_ids, value=pad_token_id, side="right", multiple_of=multiple),
+        "completion_mask": pad([[1] * len(c) for c in completion_ids], value=0, side="right", multiple_of=multiple),
+    }
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def _length_metrics(lengths: Tensor, truncated: Tensor) -> dict[str, float]:
+    lengths = lengths.float()
+    terminated = lengths[~truncated]
+    if terminated.numel() == 0:  # TRL's convention: 0 when no completion terminated
+        terminated = torch.zeros(1, device=lengths.device)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
+    }
+
+
+def _reward_metrics(rewards: Tensor, num_generations: int, names: list[str], advantage_kwargs) -> dict[str, float]:
+    stats = reward_metrics(rewards, num_generations, **advantage_kwargs)
+    metrics = {}
+    for i, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = stats["per_function_mean"][i].item()
+        metrics[f"rewards/{name}/std"] = stats["per_function_std"][i].item()
+    metrics["reward"] = stats["reward"].item()
+    metrics["reward_std"] = stats["reward_std"].item()
+    metrics["frac_reward_zero_std"] = stats["frac_reward_zero_std"].item()
+    return metrics

@@ -1,0 +1,595 @@
+"""`GRPOTrainer`: a `transformers.Trainer` that trains a causal LM with GRPO; a drop-in for TRL 1.16's.
+
+The trainer is glue. Rollouts (generate, reward, advantages) are produced by `grpokit.rollout.produce_rollout`; the
+loss is one call to `grpokit.algorithms.policy_loss`. What is left here: building the models and collaborators,
+feeding the Trainer generation batches in the right order, buffering a rollout across the micro-steps that reuse
+it, normalising the loss for gradient accumulation, and logging.
+
+Generation rounds: the dataloader yields, per process, `per_device_train_batch_size x steps_per_generation` rows
+(each prompt repeated `num_generations` times), and yields the same rows again for each of the
+`steps_per_generation x num_iterations` micro-steps that train on them; a rollout is produced on the first and
+sliced into `steps_per_generation` micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from collections import defaultdict
+
+import torch
+from accelerate.utils import set_seed as set_process_seed
+from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import is_datasets_available
+
+from .algorithms import off_policy_mask, policy_loss
+from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
+from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
+from .config.grpo_config import GRPOConfig
+from .config.precision import hardware_problems, resolve_precision
+from .config.support import unsupported_settings
+from .rollout import models
+from .rollout.dist import AcceleratorCollective
+from .rollout.generate import TransformersGenerator
+from .rollout.report import CompletionLog
+from .rollout.rewards import build_reward_functions
+from .rollout.rollout import RolloutSettings, produce_rollout
+from .rollout.sampler import RepeatSampler
+from .rollout.scoring import score_tokens
+
+logger = logging.getLogger(__name__)
+
+# Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
+_TRL_ONLY_ARGUMENTS = ("quantization_config", "tools", "rollout_func", "environment_factory")
+_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"
+
+
+def identity(rows):
+    """GRPO needs no collation: the rows go to the rollout as they are."""
+    return rows
+
+
+class GRPOTrainer(Trainer):
+    """Group Relative Policy Optimization trainer, with the constructor of TRL 1.16's `GRPOTrainer`.
+
+    Args:
+        model: a `PreTrainedModel`, or a path / hub id loaded with `args.model_init_kwargs`.
+        reward_funcs: one or a list of: callables with TRL's reward signature (sync or async), sequence-classification
+            `PreTrainedModel`s, paths of such models, or built-in reward names / dotted paths /
+            `{"name", "kwargs"}` mappings (see `grpokit.rewards.resolve_reward`).
+        args: a `GRPOConfig`; default `GRPOConfig("<model name>-GRPO")`.
+        train_dataset, eval_dataset: datasets with a `prompt` column (text or messages); other columns are passed to
+            the reward functions.
+        processing_class: the tokenizer; default loaded from the model's path, padding on the left.
+        reward_processing_classes: one tokenizer per reward function (used for reward models only).
+        callbacks, optimizers: as for `transformers.Trainer`.
+        peft_config: a `peft.PeftConfig` to train an adapter instead of the whole model.
+    """
+
+    _tag_names = ["grpokit", "grpo"]
+    loss_is_scaled_for_ga = True  # compute_loss already divides by the gradient-accumulation steps
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs=None,
+        args: GRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers=(None, None),
+        peft_config=None,
+        **trl_only,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
+            args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+        reward_funcs = _as_list(reward_funcs)
+        _check_before_loading(args, reward_funcs, train_dataset, trl_only)
+        resolve_precision(args)
+
+        model, tokenizer = self._build_models(model, processing_class, peft_config, args)
+        self.rewards = build_reward_functions(
+            reward_funcs,
+            _as_list(reward_processing_classes),
+            model_init_kwargs=args.model_init_kwargs,
+            trust_remote_code=args.trust_remote_code,
+            max_completion_length=args.max_completion_length,
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
+        self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
+
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=identity,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        if self.args.n_gpu > 1:
+            raise ValueError(
+                "GRPOTrainer does not support nn.DataParallel (several GPUs in one process): launch with "
+                "`accelerate launch` or `torchrun`, or expose one GPU with CUDA_VISIBLE_DEVICES"
+            )
+        self._init_state(args)
+        self._place_auxiliary_models()
+        if args.sync_ref_model:
+            self.add_callback(_SyncReferenceCallback(self))
+        self.generator = self._make_generator(args)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names)
+        set_process_seed(args.seed, device_specific=True)  # different samples on each process
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus's current coefficient (it moves during training with use_adaptive_entropy)."""
+        return self._entropy_control.coef
+
+    # ------------------------------------------------------------------------------------------------ construction
+
+    def _build_models(self, model, processing_class, peft_config, args):
+        """The policy (loaded if a path, with PEFT if asked), its tokenizer and the reference model."""
+        set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
+        if isinstance(model, str):
+            model = models.load_policy(model, args.model_init_kwargs, args.trust_remote_code)
+        elif args.model_init_kwargs:
+            logger.warning("model_init_kwargs is ignored: the model is already instantiated")
+        tokenizer = models.prepare_tokenizer(model, processing_class, args.trust_remote_code)
+        self.eos_token_ids = models.eos_token_ids(model, tokenizer)
+        model, self.ref_model = models.prepare_policy(
+            model,
+            peft_config,
+            beta=args.beta,
+            gradient_checkpointing=args.gradient_checkpointing,
+            sync_ref_model=args.sync_ref_model,
+        )
+        for m in (model, self.ref_model):
+            if m is not None and args.disable_dropout:
+                models.disable_dropout(m)
+            if m is not None and args.cast_lm_head_to_fp32:
+                models.cast_lm_head_to_fp32(m)
+        self.router_aux_loss_coef, self.aux_loss_enabled = models.router_aux_loss(model, args.router_aux_loss_coef)
+        return model, tokenizer
+
+    def _init_state(self, args):
+        self._dist = AcceleratorCollective(self.accelerator)
+        self._step = 0  # micro-steps taken, including those inside one accumulation window
+        self._buffered_inputs = None  # the micro-batches of the current generation round
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._pending_metrics = defaultdict(list)  # from reward functions' log_metric
+        self._completion_log = CompletionLog(args.generation_batch_size)
+        self._entropy_control = EntropyCoefficient(
+            coef=args.entropy_coef,
+            adaptive=args.use_adaptive_entropy,
+            target=args.entropy_target,
+            delta=args.entropy_coef_delta,
+            coef_min=args.entropy_coef_min,
+            coef_max=args.entropy_coef_max,
+        )
+        self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
+
+    def _place_auxiliary_models(self):
+        if self.ref_model is not None:
+            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        for i, func in enumerate(self.rewards.funcs):
+            if isinstance(func, PreTrainedModel):
+                self.rewards.funcs[i] = self.accelerator.prepare_model(
+                    func, evaluation_mode=True, device_placement=True
+                )
+
+    def _make_generator(self, args) -> TransformersGenerator:
+        from transformers import GenerationConfig
+
+        generation_kwargs = {
+            "max_new_tokens": args.max_completion_length,
+            "do_sample": True,
+            "pad_token_id": self.processing_class.pad_token_id,
+            "bos_token_id": self.processing_class.bos_token_id,
+            "eos_token_id": self.eos_token_ids,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "min_p": args.min_p,
+            "repetition_penalty": args.repetition_penalty,
+            "cache_implementation": args.cache_implementation,
+            **(args.generation_kwargs or {}),  # they win over the fields above, as in TRL
+        }
+        return TransformersGenerator(
+            self._unwrapped_for_generation,
+            GenerationConfig(**generation_kwargs, disable_compile=True),
+            pad_token_id=self.processing_class.pad_token_id,
+            eos_token_ids=self.eos_token_ids,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+            device=self.accelerator.device,
+        )
+
+    @contextlib.contextmanager
+    def _unwrapped_for_generation(self):
+        """The bare policy, with activation checkpointing off meanwhile (in training mode it disables the KV cache).
+
+        The per-layer flags are switched rather than calling `*_checkpointing_disable/enable`, so the checkpointing
+        settings the Trainer chose (kwargs, every_n_layers, offload) stay exactly as they were.
+        """
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        for layer in layers:
+            layer.gradient_checkpointing = False
+        try:
+            yield model
+        finally:
+            for layer in layers:
+                layer.gradient_checkpointing = True
+
+    # ------------------------------------------------------------------------------------------------ data order
+
+    def _set_signature_columns_if_needed(self):
+        # Only the prompt is model input here; with remove_unused_columns=True every other column is dropped.
+        if self._signature_columns is None:
+            self._signature_columns = ["prompt"]
+
+    def get_train_dataloader(self):
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self._train_batch_size * self.args.steps_per_generation,  # one generation batch per process
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _get_train_sampler(self, dataset=None):
+        return RepeatSampler(
+            dataset if dataset is not None else self.train_dataset,
+            mini_repeat_count=self.args.num_generations,
+            batch_size=self.args.generation_batch_size // self.args.num_generations,
+            repeat_count=self.args.num_iterations * self.args.steps_per_generation,
+            shuffle=self.args.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def _get_eval_sampler(self, eval_dataset):
+        return RepeatSampler(eval_dataset, mini_repeat_count=self._num_generations("eval"), seed=self.args.seed)
+
+    def _num_generations(self, mode: str) -> int:
+        return (
+            self.args.num_generations
+            if mode == "train"
+            else self.args.num_generations_eval or self.args.num_generations
+        )
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+
+    def _prepare_inputs(self, rows):
+        if not self.model.training:  # evaluation: one rollout per batch, no reuse
+            return self._rollout(rows, "eval").micro_batches(1, shuffle=False)[0]
+        generate_every = self.args.steps_per_generation * self.args.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:  # None after resuming
+            self._buffered_inputs = self._rollout(rows, "train").micro_batches(self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _rollout(self, rows, mode: str):
+        args = self.args
+        settings = RolloutSettings(
+            num_generations=self._num_generations(mode),
+            max_prompt_length=args.max_prompt_length,
+            chat_template_kwargs=dict(args.chat_template_kwargs or {}),
+            mask_truncated_completions=args.mask_truncated_completions,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+            scale_rewards=args.scale_rewards,
+            reward_weights=args.reward_weights,
+            multi_objective_aggregation=args.multi_objective_aggregation,
+        )
+        chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+        rollout = produce_rollout(
+            rows,
+            tokenizer=self.processing_class,
+            generator=self.generator,
+            rewards=self.rewards,
+            settings=settings,
+            eos_token_ids=self.eos_token_ids,
+            old_logps_fn=self._logps_fn(self.model, chunk) if mode == "train" and self._off_policy() else None,
+            ref_logps_fn=self._reference_logps_fn(chunk) if args.beta != 0.0 else None,
+            reward_kwargs={
+                "trainer_state": self.state,
+                "log_extra": self._completion_log.add_extra,
+                "log_metric": lambda name, value: self._pending_metrics[name].append(value),
+            },
+            dist=self._dist,
+            device=self.accelerator.device,
+        )
+        self._record_rollout(rollout, mode)
+        return rollout
+
+    def _off_policy(self) -> bool:
+        """Whether the weights can change between generating a batch and training on it: when its micro-steps do
+        not all fall inside one optimizer step. Otherwise the old log-probabilities equal the current ones."""
+        generate_every = self.args.steps_per_generation * self.args.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0
+
+    def _logps_fn(self, model, chunk_size):
+        def logps(input_ids, attention_mask, logits_to_keep):
+            with self.accelerator.autocast():
+                scores = score_tokens(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    temperature=self.args.temperature,
+                    chunk_size=chunk_size,
+                )
+            return scores.logps
+
+        return logps
+
+    def _reference_logps_fn(self, chunk_size):
+        if self.ref_model is not None:
+            return self._logps_fn(self.ref_model, chunk_size)
+        policy_logps = self._logps_fn(self.model, chunk_size)
+
+        def logps(*inputs):
+            with models.reference_policy(self.accelerator.unwrap_model(self.model)):
+                return policy_logps(*inputs)
+
+        return logps
+
+    def _record_rollout(self, rollout, mode: str):
+        if mode == "train":
+            self.state.num_input_tokens_seen += rollout.num_tokens
+        metrics = self._metrics[mode]
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        for name, value in rollout.metrics.items():
+            metrics[name].append(value)
+        for name in sorted(self._pending_metrics):  # scalars reward functions logged with log_metric
+            values = self._pending_metrics[name]
+            total = self._dist.sum(torch.tensor([sum(values), len(values)], device=self.accelerator.device))
+            metrics[name].append((total[0] / total[1].clamp(min=1)).item())
+        self._pending_metrics.clear()
+        self._completion_log.add_rollout(rollout, self.reward_func_names, self._dist)
+
+    # ------------------------------------------------------------------------------------------------ loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if return_outputs:
+            raise ValueError("GRPOTrainer.compute_loss does not return model outputs")
+        args, mode = self.args, "train" if self.model.training else "eval"
+        mask = inputs["completion_mask"]  # (B, C)
+        scores = score_tokens(
+            model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], mask], dim=1),
+            mask.size(1),
+            temperature=args.temperature,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+        )
+        logps, entropies = scores.logps, scores.entropies  # (B, C) each
+        old_logps = inputs.get("old_logps")  # None: on-policy
+        entropy_keep = self._entropy_mask(entropies, mask) if args.top_entropy_quantile < 1.0 else None
+        off_policy_keep = None
+        if args.off_policy_mask_threshold is not None:
+            sampling_logps = logps.detach() if old_logps is None else old_logps
+            off_policy_keep = off_policy_mask(
+                inputs["advantages"], logps, sampling_logps, mask, args.off_policy_mask_threshold
+            )
+        # dapo/cispo/vespo divide by the active tokens of the whole generation batch (all processes), rescaled to
+        # one micro-batch of one process; every loss is then divided by the accumulation steps (not in eval).
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        splits = args.steps_per_generation if mode == "train" else 1
+        num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
+        loss_kwargs = self._loss_kwargs()
+        loss = policy_loss(
+            logps,
+            old_logps,
+            inputs["advantages"],
+            mask,
+            **loss_kwargs,
+            ref_logps=inputs.get("ref_logps"),
+            num_items_in_batch=num_items,
+            off_policy_mask=off_policy_keep,
+            entropy_mask=entropy_keep,
+        )
+        policy_value = loss.detach()
+        loss = loss / accumulation
+        if self._entropy_control.enabled:
+            active = mask if entropy_keep is None else mask * entropy_keep
+            loss = loss - self._entropy_control.applied() * masked_entropy_mean(entropies, active) / accumulation
+            self._metrics[mode]["policy_loss"].append(self._dist.gather(policy_value).nanmean().item())
+            self._track_entropy(entropies.detach(), active, mode)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * scores.aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self._dist.gather(scores.aux_loss.detach()).mean().item())
+        self._log_loss_metrics(logps, old_logps, inputs, entropies.detach(), loss_kwargs, mode)
+        return loss
+
+    def _loss_kwargs(self) -> dict:
+        args = self.args
+        return dict(
+            loss_type=args.loss_type,
+            epsilon_low=args.epsilon,
+            epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+            delta=args.delta,
+            importance_sampling_level=args.importance_sampling_level,
+            sapo_temperature_pos=args.sapo_temperature_pos,
+            sapo_temperature_neg=args.sapo_temperature_neg,
+            vespo_k_pos=args.vespo_k_pos,
+            vespo_lambda_pos=args.vespo_lambda_pos,
+            vespo_k_neg=args.vespo_k_neg,
+            vespo_lambda_neg=args.vespo_lambda_neg,
+            beta=args.beta,
+            max_completion_length=args.max_completion_length,
+            use_bias_correction_kl=args.use_bias_correction_kl,
+        )
+
+    def _entropy_mask(self, entropies, mask):
+        """Keep the top `top_entropy_quantile` fraction of tokens by entropy, ranked over all processes' tokens."""
+        pooled = self._dist.gather_padded(entropies.detach()[mask.bool()].float(), pad_value=-1e9)
+        return high_entropy_mask(entropies, mask, 1 - self.args.top_entropy_quantile, pooled=pooled)
+
+    def _track_entropy(self, entropies, active, mode: str):
+        """Adaptive entropy: accumulate the step's entropy and move the coefficient at the optimizer step."""
+        if mode != "train":
+            return
+        if self._entropy_control.adaptive:
+            stats = torch.stack([(entropies * active).sum(), active.sum()]).float()
+            self._entropy_window = stats if self._entropy_window is None else self._entropy_window + stats
+            if self.accelerator.sync_gradients:
+                total = self._dist.sum(self._entropy_window)
+                self._entropy_control.update((total[0] / total[1].clamp(min=1.0)).item())
+                self._entropy_window = None
+        if self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self._entropy_control.coef)
+
+    def _log_loss_metrics(self, logps, old_logps, inputs, entropies, loss_kwargs, mode: str):
+        mask = inputs["completion_mask"]
+        metrics = self._metrics[mode]
+        metrics["entropy"].append(self._global_mean(entropies, mask))
+        diagnostics = self._diagnostics(logps, old_logps, inputs, loss_kwargs)
+        for name, (values, reduction) in diagnostics.items():
+            if reduction in (SEQ_MIN, SEQ_MAX):
+                per_sequence = values.squeeze(1) if values.size(1) == 1 else (values * mask).sum(-1) / mask.sum(-1)
+                gathered = self._dist.gather(per_sequence)
+                gathered = gathered[~torch.isnan(gathered)]
+                pick = torch.min if reduction == SEQ_MIN else torch.max
+                metrics[name].append(pick(gathered).item() if gathered.numel() else float("nan"))
+            else:
+                metrics[name].append(self._global_mean(values, mask))
+
+    def _diagnostics(self, logps, old_logps, inputs, loss_kwargs):
+        keep = ("loss_type", "importance_sampling_level", "epsilon_low", "epsilon_high", "delta")
+        keep += ("use_bias_correction_kl", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
+        return loss_diagnostics(
+            logps,
+            old_logps,
+            inputs["advantages"],
+            inputs["completion_mask"],
+            ref_logps=inputs.get("ref_logps"),
+            **{k: loss_kwargs[k] for k in keep},
+        )
+
+    def _global_mean(self, values, mask) -> float:
+        """Mean over the active tokens of all processes (over sequences for per-sequence `(B, 1)` values)."""
+        if values.size(1) == 1:
+            stats = torch.stack([values.sum(), torch.tensor(float(values.size(0)), device=values.device)])
+        else:
+            stats = torch.stack([(values * mask).sum(), mask.sum().float()])
+        total = self._dist.sum(stats.float())
+        return (total[0] / total[1].clamp(min=1.0)).item()
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step += 1
+        return loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        # Evaluation has no labels: the "prediction" is the GRPO loss on a fresh rollout.
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.mean().detach(), None, None
+
+    # ------------------------------------------------------------------------------------------------ logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        metrics = {}
+        for name, values in self._metrics[mode].items():
+            # A metric that is NaN in one batch (e.g. every reward None) must not poison the whole interval.
+            valid = [v for v in values if not math.isnan(v)]
+            metrics[name] = sum(valid) / len(valid) if valid else None
+        if mode == "eval":
+            metrics = {f"eval_{name}": value for name, value in metrics.items()}
+        logs.update(metrics)
+        super().log(logs, start_time)
+        self._metrics[mode].clear()
+        if self.args.log_completions and self.accelerator.is_main_process:
+            self._completion_log.report(
+                self.state.global_step,
+                self.args.output_dir,
+                self.args.num_completions_to_print,
+                self.args.log_unique_prompts,
+            )
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._entropy_control.adaptive and self.args.should_save:
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            with open(os.path.join(folder, _ENTROPY_STATE_FILE), "w") as f:
+                json.dump(self._entropy_control.state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = os.path.join(checkpoint, _ENTROPY_STATE_FILE) if checkpoint is not None else None
+        if self._entropy_control.adaptive and path is not None and os.path.exists(path):
+            with open(path) as f:
+                self._entropy_control.load_state_dict(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+class _SyncReferenceCallback(TrainerCallback):
+    """Every `ref_model_sync_steps` optimizer steps: ref <- alpha * policy + (1 - alpha) * ref."""
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps == 0:
+            trainer = self.trainer
+            policy = trainer.accelerator.unwrap_model(trainer.model)
+            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+            models.mix_into(reference, policy, args.ref_model_mixup_alpha)
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
+    """Every reason not to start, at once, before any model or tokenizer loads."""
+    problems = []
+    for name, value in trl_only.items():
+        if name not in _TRL_ONLY_ARGUMENTS:
+            raise TypeError(f"GRPOTrainer.__init__() got an unexpected keyword argument {name!r}")
+        if value is not None:
+            problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
+    problems += unsupported_settings(args)
+    problems += hardware_problems(vars(args))
+    if not reward_funcs:
+        problems.append("reward_funcs: at least one reward function or reward model is needed")
+    if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):
+        problems.append(
+            f"reward_weights={args.reward_weights!r}: {len(args.reward_weights)} weights for {len(reward_funcs)} "
+            "reward functions; give one weight per reward function"
+        )
+    if args.sync_ref_model and args.beta == 0.0:
+        problems.append(
+            "sync_ref_model=True: beta=0.0 means no reference model, so there is nothing to synchronise; set beta > "
+            "0 or sync_ref_model=False"
+        )
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
+        problems.append("deepspeed: ZeRO-3 is not supported yet (generation needs the gathered weights)")
+    if is_datasets_available():
+        import datasets
+
+        if isinstance(train_dataset, datasets.IterableDataset):
+            problems.append(
+                "train_dataset: iterable (streaming) datasets are not supported yet; use a map-style Dataset"
+            )
+    if problems:
+        raise ValueError("GRPOTrainer cannot start:\n  " + "\n  ".join(problems))
