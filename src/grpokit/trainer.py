@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections import defaultdict
 
 import torch
@@ -164,9 +165,13 @@ class GRPOTrainer(Trainer):
         self._dist = AcceleratorCollective(self.accelerator)
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
+        self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._pending_metrics = defaultdict(list)  # from reward functions' log_metric
         self._completion_log = CompletionLog(args.generation_batch_size)
+        # The latest generation batch as one dict per completion, for callbacks (the CLI's run recorder reads and
+        # clears it); bounded, so nothing accumulates when no one reads it.
+        self.logged_completions = self._completion_log.samples
         self._entropy_control = EntropyCoefficient(
             coef=args.entropy_coef,
             adaptive=args.use_adaptive_entropy,
@@ -347,9 +352,11 @@ class GRPOTrainer(Trainer):
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
-        for name in sorted(self._pending_metrics):  # scalars reward functions logged with log_metric
-            values = self._pending_metrics[name]
-            total = self._dist.sum(torch.tensor([sum(values), len(values)], device=self.accelerator.device))
+        # Scalars reward functions logged with log_metric, averaged over processes (every process takes part in the
+        # reduction of every name, even one it did not log).
+        for name in sorted(set(self._dist.gather_object(list(self._pending_metrics)))):
+            values = self._pending_metrics.get(name, [])
+            total = self._dist.sum(torch.tensor([sum(values), len(values)], device=self.accelerator.device).float())
             metrics[name].append((total[0] / total[1].clamp(min=1)).item())
         self._pending_metrics.clear()
         self._completion_log.add_rollout(rollout, self.reward_func_names, self._dist)
@@ -484,8 +491,13 @@ class GRPOTrainer(Trainer):
         return (total[0] / total[1].clamp(min=1.0)).item()
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._step += 1
+        self._step_time += time.perf_counter() - start
+        if self._step % self.current_gradient_accumulation_steps == 0:  # TRL's step_time: one optimizer step
+            self._metrics["train"]["step_time"].append(self._step_time)
+            self._step_time = 0.0
         return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

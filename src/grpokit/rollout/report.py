@@ -83,6 +83,10 @@ def completions_table(
     return "\n".join([f"completions at step {step}", rule, line(headers), rule, *map(line, body), rule])
 
 
+def _json_float(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
 class CompletionLog:
     """The prompts, completions, rewards and advantages of the latest generation batch (all processes), shown at
     each logging step when `log_completions` is on."""
@@ -91,7 +95,9 @@ class CompletionLog:
         self.prompts, self.completions, self.advantages = deque(maxlen=size), deque(maxlen=size), deque(maxlen=size)
         self.rewards = defaultdict(lambda: deque(maxlen=size))
         self.extra = defaultdict(lambda: deque(maxlen=size))
+        self.samples = deque(maxlen=size)  # one dict per completion: prompt, completion, rewards, advantage
         self._pending_extra = defaultdict(list)
+        self._unreported = False  # a rollout arrived since the last report
 
     def add_extra(self, column: str, values: list):
         """`log_extra` for reward functions: one more column of the completions table."""
@@ -103,6 +109,13 @@ class CompletionLog:
         for i, name in enumerate(names):
             self.rewards[name].extend(rollout.rewards[:, i].tolist())
         self.advantages.extend(rollout.all_advantages.tolist())
+        self._unreported = True
+        for i, (prompt, completion) in enumerate(zip(rollout.prompts, rollout.completions, strict=True)):
+            rewards = {name: _json_float(rollout.rewards[i, j].item()) for j, name in enumerate(names)}
+            advantage = rollout.all_advantages[i].item()
+            self.samples.append(
+                {"prompt": prompt, "completion": completion, "rewards": rewards, "advantage": advantage}
+            )
         local_rows = len(rollout.prompts) // dist.num_processes
         for column in sorted(set(dist.gather_object(list(self._pending_extra)))):
             values = self._pending_extra.get(column, [None] * local_rows)
@@ -110,9 +123,11 @@ class CompletionLog:
         self._pending_extra.clear()
 
     def report(self, step: int, output_dir: str, num_samples: int | None, unique_prompts: bool) -> str:
-        """Print the table and write the whole batch to `<output_dir>/completions/completions_<step>.parquet`."""
-        if not self.prompts:
+        """Print the table and write the whole batch to `<output_dir>/completions/completions_<step>.parquet`;
+        nothing when no rollout arrived since the last report (e.g. the end-of-training log)."""
+        if not self._unreported:
             return ""
+        self._unreported = False
         prompts, rewards = list(self.prompts), {name: list(values) for name, values in self.rewards.items()}
         extra = {name: list(values) for name, values in self.extra.items()}
         table = completions_table(

@@ -1,0 +1,91 @@
+"""Training stops with a clear error, naming the culprit, rather than continue on a silent default."""
+
+import pytest
+from _trainer_helpers import text_reward
+
+from grpokit import GRPOTrainer
+from grpokit.rollout import RewardError
+
+
+def test_raising_reward_names_the_function_and_the_sample(tiny_model, tiny_tokenizer, dataset, make_args):
+    def picky(prompts, completions, **kwargs):
+        for prompt in prompts:
+            if prompt == "cde":
+                raise KeyError("no answer for cde")
+        return [1.0] * len(prompts)
+
+    args = make_args(shuffle_dataset=False)  # prompts in order: ab ab cde cde ...; "cde" is sample 2
+    trainer = GRPOTrainer(
+        tiny_model, [text_reward, picky], args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    with pytest.raises(
+        RewardError, match=r"reward function 'picky' raised KeyError: 'no answer for cde' on sample 2 \(prompt='cde'"
+    ):
+        trainer.train()
+
+
+def test_wrong_length_reward_names_the_function(tiny_model, tiny_tokenizer, dataset, make_args):
+    def short(completions, **kwargs):
+        return [0.0] * (len(completions) - 1)
+
+    trainer = GRPOTrainer(tiny_model, short, args=make_args(), train_dataset=dataset, processing_class=tiny_tokenizer)
+    with pytest.raises(
+        RewardError, match=r"reward function 'short' returned 3 rewards for 4 completions.*sample 0 \(prompt="
+    ):
+        trainer.train()
+
+
+def test_unsupported_field_is_refused_before_the_model_loads(make_args, dataset):
+    # The model path does not exist: had the trainer tried to load it, the error would be an OSError.
+    with pytest.raises(ValueError, match="use_vllm=True: vLLM generation is not supported yet") as error:
+        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(use_vllm=True), train_dataset=dataset)
+    assert "GRPOTrainer cannot start" in str(error.value)
+
+
+def test_every_start_problem_is_listed_at_once(make_args, dataset):
+    args = make_args(use_transformers_continuous_batching=True, reward_weights=[1.0, 2.0], sync_ref_model=True)
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer("/nonexistent/model", text_reward, args=args, train_dataset=dataset)
+    message = str(error.value)
+    assert (
+        "use_transformers_continuous_batching=True: transformers continuous batching is not supported yet" in message
+    )
+    assert "reward_weights=[1.0, 2.0]: 2 weights for 1 reward functions" in message
+    assert "sync_ref_model=True: beta=0.0 means no reference model" in message
+
+
+def test_trl_only_constructor_arguments_are_refused(make_args, dataset):
+    with pytest.raises(ValueError, match="tools: this GRPOTrainer argument is not supported yet"):
+        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(), train_dataset=dataset, tools=[print])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(), train_dataset=dataset, colour="red")
+
+
+def test_no_reward_is_refused(make_args, dataset):
+    with pytest.raises(ValueError, match="reward_funcs: at least one reward function"):
+        GRPOTrainer("/nonexistent/model", None, args=make_args(), train_dataset=dataset)
+
+
+def test_router_aux_loss_needs_a_mixture_of_experts(tiny_model, tiny_tokenizer, dataset, make_args):
+    with pytest.raises(ValueError, match="router_aux_loss_coef=0.01: Qwen2ForCausalLM is not a Mixture-of-Experts"):
+        GRPOTrainer(
+            tiny_model,
+            text_reward,
+            args=make_args(router_aux_loss_coef=0.01),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+        )
+
+
+def test_sync_ref_model_with_peft_is_refused(tiny_model, tiny_tokenizer, dataset, make_args):
+    from peft import LoraConfig
+
+    with pytest.raises(ValueError, match="sync_ref_model=True does not work with PEFT"):
+        GRPOTrainer(
+            tiny_model,
+            text_reward,
+            args=make_args(beta=0.1, sync_ref_model=True),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+        )
