@@ -101,6 +101,11 @@ def _train(argv, *, demo: bool = False) -> int:
         _error(" ".join(str(exc).split())[:500])
         return 2
     recorder.trainer = trainer
+    # RunRecorder prints one progress line per log (step, reward, loss, ETA) instead of tqdm and raw log dicts.
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():

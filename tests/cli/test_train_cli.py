@@ -1,0 +1,116 @@
+"""The real `grpokit train` command, run in a subprocess on a tiny local model and a local jsonl dataset."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run_grpokit(*args, cwd=None, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=timeout)
+
+
+def write_recipe(tmp_path, model_dir, **overrides):
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "solution": str(2 * i)} for i in range(8)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = {
+        "model_name_or_path": model_dir,
+        "dataset_name": str(data),
+        "reward_funcs": ["tag_count", {"name": "soft_overlong_punishment", "kwargs": {"soft_punish_cache": 4}}],
+        "reward_weights": [1.0, 0.5],
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 8,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "learning_rate": 1.0e-3,
+        "gradient_checkpointing": False,
+        "bf16": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "log_completions": True,
+        "output_dir": str(tmp_path / "run"),
+        **overrides,
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in recipe.items()) + "\n")
+    return path
+
+
+def test_train_writes_every_output(tmp_path, tiny_model_dir):
+    recipe = write_recipe(tmp_path, tiny_model_dir)
+    result = run_grpokit("train", "--config", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "resolved_config.yaml", "metrics.jsonl",
+                 "reward_curve.png", "completions.jsonl"):
+        assert (run / name).is_file(), name
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for key in ("reward", "reward_std", "rewards/tag_count/mean", "rewards/soft_overlong_punishment/mean",
+                "completions/mean_length", "loss"):
+        assert key in train_rows[0], key
+    completions = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert completions and "completion" in completions[0]
+    # The resolved config is re-runnable: it validates and resolves to the same values.
+    again = run_grpokit("config", "show", "--format", "json", "--config", str(run / "resolved_config.yaml"))
+    first = run_grpokit("config", "show", "--format", "json", "--config", str(recipe))
+    assert again.returncode == 0, again.stderr
+    assert {k: v["value"] for k, v in json.loads(again.stdout).items()} == {
+        k: v["value"] for k, v in json.loads(first.stdout).items()
+    }
+    assert "grpokit" in (run / "resolved_config.yaml").read_text().splitlines()[1]
+
+
+def test_plot_redraws_from_metrics(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "reward": s / 10, "reward_std": 0.1, "loss": 0.01} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_grpokit("plot", str(run))
+    assert result.returncode == 0, result.stderr
+    assert (run / "reward_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"dataset_prompt_column": "question"}, "no prompt column 'question'"),
+        ({"reward_funcs": [{"name": "cosine", "kwargs": {"max_lenn": 5}}], "reward_weights": None}, "max_len"),
+        ({"reward_funcs": ["acuracy"], "reward_weights": None}, "did you mean 'accuracy'"),
+        ({"use_vllm": True}, "use_vllm=True"),
+        ({"dataset_name": "nobody/no-such-dataset"}, "offline"),
+    ],
+)
+def test_bad_inputs_fail_in_one_line(tmp_path, tiny_model_dir, overrides, expected):
+    recipe = write_recipe(tmp_path, tiny_model_dir, **overrides)
+    result = run_grpokit("train", "--config", str(recipe))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors and expected in errors[0], result.stderr
+
+
+def test_bad_row_is_named(tmp_path, tiny_model_dir):
+    recipe = write_recipe(tmp_path, tiny_model_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "  "}) + "\n")
+    result = run_grpokit("train", "--config", str(recipe))
+    assert result.returncode == 2
+    assert "error: train row 1: prompt is empty" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_runs_end_to_end_briefly(tmp_path):
+    result = run_grpokit("train", "--demo", "--max_steps", "2", "--logging_steps", "1", "--output_dir",
+                         str(tmp_path / "demo"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "demo: mean reward" in result.stdout
+    assert (tmp_path / "demo" / "reward_curve.png").is_file()
+    assert "resolved config:" in result.stdout
