@@ -58,3 +58,22 @@ def test_score_tokens_keeps_the_gradient(tiny_model):
     scores = score_tokens(tiny_model, input_ids, torch.ones_like(input_ids), 2, compute_entropy=True)
     (scores.logps.sum() + scores.entropies.sum()).backward()
     assert tiny_model.lm_head.weight.grad is not None
+
+
+def test_float32_slices_and_checkpointing_change_nothing(tiny_model, monkeypatch):
+    import grpokit.rollout.scoring as scoring
+
+    input_ids = torch.randint(7, 90, (3, 6))
+    mask = torch.ones_like(input_ids)
+
+    def loss_and_grad():
+        tiny_model.zero_grad()
+        scores = score_tokens(tiny_model, input_ids, mask, 4, temperature=0.9, compute_entropy=True)
+        (scores.logps.sum() - 0.1 * scores.entropies.sum()).backward()
+        return scores.logps.detach(), tiny_model.lm_head.weight.grad.clone()
+
+    whole_logps, whole_grad = loss_and_grad()  # the tiny batch fits one float32 slice
+    monkeypatch.setattr(scoring, "FLOAT32_BUDGET", 1)  # one row per slice, each checkpointed
+    sliced_logps, sliced_grad = loss_and_grad()
+    assert torch.allclose(whole_logps, sliced_logps, atol=1e-6)
+    assert torch.allclose(whole_grad, sliced_grad, atol=1e-6)

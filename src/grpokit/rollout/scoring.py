@@ -1,17 +1,24 @@
 """Scoring completions with a causal LM: per-token log-probabilities (and entropies) of the completion tokens.
 
-Rows are processed `chunk_size` at a time and only the completion positions' logits are computed
-(`logits_to_keep`), so a float32 `(rows, completion length, vocab)` tensor exists for one chunk at a time.
+Memory: only the completion positions' logits are computed (`logits_to_keep`); the model runs on `chunk_size` rows
+at a time; and the float32 softmax arithmetic runs on slices of at most `FLOAT32_BUDGET` logits. When gradients are
+needed that arithmetic is checkpointed: backward keeps the logits (in the model's dtype) and recomputes the float32
+tensors one slice at a time, so no float32 `(rows, completion length, vocab)` tensor ever spans the whole batch.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from grpokit.algorithms.logprobs import token_logps_and_entropy
+
+# Logits (rows x positions x vocab) turned into float32 at once: 2**28 floats = 1 GiB.
+FLOAT32_BUDGET = 2**28
 
 
 @dataclass
@@ -62,10 +69,8 @@ def score_tokens(
             use_cache=False,
             **extra,
         )
-        logits = outputs.logits[:, :-1]  # (rows, C, V)
-        chunk_logps, chunk_entropies = token_logps_and_entropy(
-            logits, labels[rows], temperature=temperature, compute_entropy=compute_entropy
-        )
+        logits = outputs.logits[:, :-1]  # (rows, C, V), in the model's dtype
+        chunk_logps, chunk_entropies = _logps_in_slices(logits, labels[rows], temperature, compute_entropy)
         logps.append(chunk_logps)
         if compute_entropy:
             entropies.append(chunk_entropies)
@@ -77,3 +82,19 @@ def score_tokens(
         entropies=torch.cat(entropies) if compute_entropy else None,
         aux_loss=torch.stack(aux_losses).mean() if compute_aux_loss else None,
     )
+
+
+def _logps_in_slices(logits: Tensor, labels: Tensor, temperature: float, compute_entropy: bool):
+    """`token_logps_and_entropy` over slices of rows small enough for the float32 budget; checkpointed under grad."""
+    rows_per_slice = max(1, FLOAT32_BUDGET // max(1, logits.size(1) * logits.size(2)))
+    fn = functools.partial(token_logps_and_entropy, temperature=temperature, compute_entropy=compute_entropy)
+    logps, entropies = [], []
+    for start in range(0, logits.size(0), rows_per_slice):
+        rows = slice(start, start + rows_per_slice)
+        if torch.is_grad_enabled() and logits.requires_grad:
+            slice_logps, slice_entropies = checkpoint(fn, logits[rows], labels[rows], use_reentrant=False)
+        else:
+            slice_logps, slice_entropies = fn(logits[rows], labels[rows])
+        logps.append(slice_logps)
+        entropies.append(slice_entropies)
+    return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
