@@ -368,15 +368,16 @@ class GRPOTrainer(Trainer):
             raise ValueError("GRPOTrainer.compute_loss does not return model outputs")
         args, mode = self.args, "train" if self.model.training else "eval"
         mask = inputs["completion_mask"]  # (B, C)
-        scores = score_tokens(
-            model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-            torch.cat([inputs["prompt_mask"], mask], dim=1),
-            mask.size(1),
-            temperature=args.temperature,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-        )
+        with self.accelerator.autocast():
+            scores = score_tokens(
+                model,
+                torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+                torch.cat([inputs["prompt_mask"], mask], dim=1),
+                mask.size(1),
+                temperature=args.temperature,
+                compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled,
+            )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each
         old_logps = inputs.get("old_logps")  # None: on-policy
         entropy_keep = self._entropy_mask(entropies, mask) if args.top_entropy_quantile < 1.0 else None
@@ -403,17 +404,23 @@ class GRPOTrainer(Trainer):
             off_policy_mask=off_policy_keep,
             entropy_mask=entropy_keep,
         )
+        self._log_loss_metrics(logps, old_logps, inputs, entropies.detach(), loss_kwargs, mode)
+        return self._regularised(loss, scores, mask, entropy_keep, accumulation, mode)
+
+    def _regularised(self, loss, scores, mask, entropy_keep, accumulation, mode: str):
+        """The policy loss, scaled for gradient accumulation, minus the entropy bonus, plus the MoE router loss."""
         policy_value = loss.detach()
         loss = loss / accumulation
         if self._entropy_control.enabled:
+            # The bonus is the mean entropy of the tokens the policy term trains on, whatever the loss type.
             active = mask if entropy_keep is None else mask * entropy_keep
-            loss = loss - self._entropy_control.applied() * masked_entropy_mean(entropies, active) / accumulation
+            bonus = masked_entropy_mean(scores.entropies, active) / accumulation
+            loss = loss - self._entropy_control.applied() * bonus
             self._metrics[mode]["policy_loss"].append(self._dist.gather(policy_value).nanmean().item())
-            self._track_entropy(entropies.detach(), active, mode)
+            self._track_entropy(scores.entropies.detach(), active, mode)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * scores.aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self._dist.gather(scores.aux_loss.detach()).mean().item())
-        self._log_loss_metrics(logps, old_logps, inputs, entropies.detach(), loss_kwargs, mode)
         return loss
 
     def _loss_kwargs(self) -> dict:
