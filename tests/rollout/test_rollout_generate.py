@@ -3,6 +3,8 @@
 The tiny tokenizer is character level: ids 0-6 are <pad> <eos> <bos> <unk> <|system|> <|user|> <|assistant|>.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -123,3 +125,12 @@ def test_generator_with_the_tiny_model(tiny_model, tiny_tokenizer):
 def test_encode_without_limit_keeps_everything(tiny_tokenizer, prompts):
     (ids,) = encode_prompts(tiny_tokenizer, prompts, max_prompt_length=None)
     assert len(ids) == (2 if isinstance(prompts[0], str) else 5)
+
+
+def test_chat_template_kwargs_reach_the_template(tiny_tokenizer):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    prompt = [{"role": "user", "content": "hi"}]
+    (plain,) = encode_prompts(tokenizer, [prompt])
+    (loud,) = encode_prompts(tokenizer, [prompt], chat_template_kwargs={"shout": True})
+    assert tokenizer.decode(plain) == "hi" and tokenizer.decode(loud) == "hi!"

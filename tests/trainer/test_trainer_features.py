@@ -234,3 +234,35 @@ def test_router_aux_loss_on_a_mixture_of_experts(tiny_tokenizer, dataset, make_a
     assert trainer.aux_loss_enabled and trainer.router_aux_loss_coef == 0.01
     trainer.train()
     assert last_log_with(trainer, "aux_loss")["aux_loss"] > 0
+
+
+@pytest.mark.parametrize("use_lora", [False, True])
+def test_gradient_checkpointing(use_lora, tiny_model, tiny_tokenizer, dataset, make_args):
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False) if use_lora else None
+    args = make_args(gradient_checkpointing=True, max_steps=1)
+    trainer = build(tiny_model, tiny_tokenizer, dataset, args, peft_config=peft_config)
+    before = parameters(trainer.model)
+    trainer.train()
+    assert changed(before, trainer.model)
+    assert trainer.accelerator.unwrap_model(trainer.model).is_activation_checkpointing  # restored after generation
+
+
+def test_other_reward_aggregations(tiny_model, tiny_tokenizer, dataset, make_args):
+    def second(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    args = make_args(multi_objective_aggregation="normalize_then_sum", scale_rewards="batch", max_steps=1)
+    trainer = build(tiny_model, tiny_tokenizer, dataset, args, rewards=[text_reward, second])
+    trainer.train()
+    advantages = trainer._buffered_inputs[0]["advantages"]
+    assert advantages.abs().sum() > 0 and abs(advantages.mean().item()) < 1e-4  # normalised over the whole batch
+
+
+def test_default_config(tiny_model, tiny_tokenizer, dataset):
+    trainer = GRPOTrainer(tiny_model, text_reward, train_dataset=dataset, processing_class=tiny_tokenizer)
+    assert trainer.args.output_dir.endswith("Qwen2ForCausalLM-GRPO")
+    from grpokit.config.precision import bf16_supported
+
+    assert trainer.args.bf16 is bf16_supported()  # the unset bf16 is resolved for this machine
