@@ -12,10 +12,22 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys at any depth."""
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
 def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # `<<: *anchor` merge keys are plain YAML; SafeLoader's construct_mapping merges them
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain value, not a {type(key).__name__}", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
@@ -30,10 +42,17 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def load_yaml_file(path: str) -> tuple[dict, dict[str, int]]:
     """(top-level mapping, {key: 1-based line}) of a YAML config file, or raise ConfigError with one line."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise ConfigError([Problem("config", f"cannot read {path}: {exc.strerror}", path)]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            [Problem("config", f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")]
+        ) from None
     return load_yaml_text(text, path)
 
 
@@ -46,6 +65,10 @@ def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
         mark = exc.problem_mark or exc.context_mark
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         what = " ".join(str(exc.problem or exc.context or "invalid YAML").split())
+        start = exc.context_mark
+        if exc.problem and exc.context and start is not None and mark is not None and start.line != mark.line:
+            # e.g. an unclosed `[` or quote is only noticed lines later: say where it was opened too
+            what += f" ({' '.join(str(exc.context).split())} that starts at line {start.line + 1})"
         if "could not determine a constructor for the tag" in what:
             tag = what.split("for the tag", 1)[1].strip()
             what = f"the tag {tag} would construct a Python object; only plain YAML values are read"
@@ -60,8 +83,10 @@ def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
         raise ConfigError(
             [Problem("config", f"{name}: the top level must be a mapping of field: value, not a {type(data).__name__}")]
         )
-    lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value}
+    # `node.value` now also holds the keys merged in by `<<:` (with the line of their anchor), before the file's own.
+    lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value if key_node.tag == _STR_TAG}
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
-        raise ConfigError([Problem("config", f"{name}:{lines.get(bad[0], '?')}: key {bad[0]!r} is not a string")])
+        line = next(k.start_mark.line + 1 for k, _ in node.value if k.tag not in (_STR_TAG, _MERGE_TAG))
+        raise ConfigError([Problem("config", f"{name}:{line}: key {bad[0]!r} is not a string; quote it")])
     return data, lines
