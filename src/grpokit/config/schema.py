@@ -45,6 +45,8 @@ def _single(tp) -> dict:
         return {"type": "string"}
     if tp is dict or origin is dict:
         return {"type": "object"}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(tp))}
     if tp is list or origin is list:
         args = typing.get_args(tp)
         return {"type": "array", "items": _type_schema(args[0])} if args and args[0] is not Any else {"type": "array"}

@@ -54,16 +54,33 @@ def strip_optional(tp) -> tuple[Any, bool]:
     return Union[rest], optional  # noqa: UP007
 
 
+def _literal_or_enum_values(member) -> list | None:
+    if typing.get_origin(member) is Literal:
+        return list(typing.get_args(member))
+    if isinstance(member, type) and issubclass(member, enum.Enum):
+        return [m.value for m in member]
+    return None
+
+
 def field_choices(tp) -> list | None:
-    """The allowed values of an enumerated field (a Literal or an Enum, possibly inside a union), else None."""
+    """The allowed values of an enumerated field (a Literal or an Enum, possibly inside a union), else None.
+
+    `SchedulerType | str` is an enumeration (the `str` is the enum's spelling); `str | Literal[False]` is not: there
+    the Literal only adds a value to a wider type (transformers' `trackio_static_space_id`)."""
     tp, _ = strip_optional(tp)
     members = _union_args(tp) or (tp,)
+    choices, others = None, []
     for member in members:
-        if typing.get_origin(member) is Literal:
-            return list(typing.get_args(member))
-        if isinstance(member, type) and issubclass(member, enum.Enum):
-            return [m.value for m in member]
-    return None
+        values = _literal_or_enum_values(member)
+        if values is None:
+            others.append(member)
+        elif choices is None:
+            choices = values
+    if choices is None:
+        return None
+    if others and not (all(o is str for o in others) and all(isinstance(c, str) for c in choices)):
+        return None
+    return choices
 
 
 def type_label(tp) -> str:
@@ -90,6 +107,8 @@ def _single_label(tp) -> str:
         return "a string"
     if tp is dict or origin is dict:
         return "a mapping"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
     if origin is list or tp is list:
         (inner,) = typing.get_args(tp) or (Any,)
         return f"a list of {_single_label(inner).split(' ', 1)[-1]}s" if inner is not Any else "a list"
@@ -178,9 +197,18 @@ def coerce(value: Any, tp: Any, *, mapping_items: bool = False) -> Any:
     if choices is not None:
         return _to_choice(value, choices, inner)
     members = _union_args(inner) or (inner,)
-    # Prefer the member that matches the value's own shape, then try the others in order.
+    if isinstance(value, str) and value.lstrip().startswith("{") and any(_is_dict(m) for m in members):
+        # `dict | str` fields (generation_kwargs, lr_scheduler_kwargs, ...): on the command line a mapping is JSON.
+        return _to_dict(value)
+    if isinstance(value, str) and int in members and str in members:
+        try:
+            return int(value.strip())  # `--pad_to_multiple_of 64` is the integer 64, not the string '64'
+        except ValueError:
+            pass
+    # Prefer Literal members (exact values), then the member that matches the value's own shape, then the others.
     errors = []
-    for member in sorted(members, key=lambda m: not _shape_matches(value, m)):
+    order = sorted(members, key=lambda m: (typing.get_origin(m) is not Literal, not _shape_matches(value, m)))
+    for member in order:
         try:
             return _coerce_single(value, member, mapping_items)
         except CoercionError as exc:
@@ -188,6 +216,10 @@ def coerce(value: Any, tp: Any, *, mapping_items: bool = False) -> Any:
     if len(errors) == 1:
         raise errors[0]
     raise CoercionError(f"{value!r} is not {type_label(tp)}", next((e.suggestion for e in errors if e.suggestion), None))
+
+
+def _is_dict(tp) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
 
 
 def _shape_matches(value, tp) -> bool:
@@ -219,6 +251,8 @@ def _coerce_single(value, tp, mapping_items):
         return _to_str(value)
     if tp is dict or origin is dict:
         return _to_dict(value)
+    if origin is Literal:
+        return _to_choice(value, list(typing.get_args(tp)), tp)
     if tp is list or origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
         items = value if isinstance(value, list) else [value]
@@ -251,6 +285,9 @@ def _to_choice(value, choices, tp):
         # Command-line strings for non-string choices (e.g. Literal[1, 2]).
         if isinstance(value, str) and not isinstance(choice, str) and value == str(choice):
             return choice
+        if isinstance(value, str) and isinstance(choice, bool):
+            if value.strip().lower() in (_TRUE if choice else _FALSE):
+                return choice
     from .suggest import closest
 
     near = closest(str(value), [str(c) for c in choices])
