@@ -14,6 +14,10 @@ RENAMED_KEYS: dict[str, tuple[str | None, str]] = {
         "vllm_importance_sampling_clip_max",
         "renamed to vllm_importance_sampling_clip_max in TRL",
     ),
+    "warmup_ratio": (
+        "warmup_steps",
+        "removed in transformers 5, where a warmup_steps value below 1 is a fraction of the training steps",
+    ),
     "overwrite_output_dir": (None, "removed in transformers 5; it has no effect and is ignored"),
 }
 

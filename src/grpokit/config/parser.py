@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,7 +122,12 @@ class TrlParser(HfArgumentParser):
                 problems.append(Problem("env", "must be a mapping of VARIABLE: value", env, source=f"yaml:{path}:{lines['env']}"))
                 continue
             for key, value in env.items():
-                os.environ[str(key)] = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+                if isinstance(value, (dict, list)) or not isinstance(key, str):
+                    what = "must be a VARIABLE: value pair with a plain value (a string, number or boolean)"
+                    problems.append(Problem(f"env.{key}", what, value, source=f"yaml:{path}:{lines['env']}"))
+                    continue
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                os.environ[key] = "" if value is None else text
 
         layers = []  # (source of a key -> str, mapping)
         recipe_name, recipe_source = None, None
@@ -130,6 +136,11 @@ class TrlParser(HfArgumentParser):
                 recipe_name, recipe_source = data["recipe"], f"yaml:{path}:{_lines['recipe']}"
         if recipe_flag is not None:
             recipe_name, recipe_source = recipe_flag, "cli"
+        if recipe_name is not None and not isinstance(recipe_name, str):
+            if "recipe" not in owners:  # otherwise the type check of the `recipe` field reports it
+                what = "must be a recipe name (a string)"
+                problems.append(Problem("recipe", what, recipe_name, source=recipe_source))
+            recipe_name = None
         if recipe_name is not None:
             try:
                 recipe_values = load_recipe(str(recipe_name))
@@ -157,6 +168,11 @@ class TrlParser(HfArgumentParser):
                         warnings.append(f"{key} ({source}) is {why}")
                         continue
                     warnings.append(f"{key} ({source}) is deprecated, {why}: use {new}")
+                    if key == "warmup_ratio" and (_as_number(value) or 0) >= 1:
+                        what = "must be < 1 to carry over to warmup_steps (where 1 or more is a number of steps)"
+                        hint = "set warmup_steps to a number of steps"
+                        problems.append(Problem(key, what, value, hint, source=source))
+                        continue
                     key, source = new, f"migrated:{key}"
                 if key == "scale_rewards" and legacy_scale_rewards(value) is not None:
                     warnings.append(f"scale_rewards: {value} ({source}) is a legacy spelling of "
@@ -199,8 +215,11 @@ class TrlParser(HfArgumentParser):
                     instances.append(dtype(**kwargs))
                 except ConfigError as exc:
                     problems += exc.problems
-                except (ValueError, TypeError) as exc:
-                    problems.append(Problem(dtype.__name__, " ".join(str(exc).split())))
+                except Exception as exc:  # transformers' own checks: ValueError, or e.g. OSError for a JSON path
+                    message = " ".join(str(exc).split())
+                    if not isinstance(exc, (ValueError, TypeError)):
+                        message = f"{type(exc).__name__}: {message}"
+                    problems.append(_blame(dtype, message, values, sources))
         finally:
             LAYERS_APPLIED.reset(token)
         if problems:
@@ -212,7 +231,11 @@ class TrlParser(HfArgumentParser):
                 if hasattr(instance, name) and name in shown:
                     final = plain(getattr(instance, name))
                     if final != plain(shown[name]):
-                        shown[name], sources[name] = final, "derived"
+                        shown[name] = final
+                        # A value the user gave and the dataclass normalised (['all-linear'] -> 'all-linear',
+                        # 'auto' -> null) keeps its source, so that `config show --format yaml` still writes it.
+                        if sources.get(name, "default") == "default":
+                            sources[name] = "derived"
         resolution = Resolution(instances, {k: plain(v) for k, v in shown.items()}, sources, warnings,
                                 machine_notes(shown), remaining)
         self.resolution = resolution
@@ -261,7 +284,8 @@ class TrlParser(HfArgumentParser):
             given = ([inline] if _ else []) + tokens[i + 1 : j]
             name = name.replace("-", "_")
             negated = False
-            if name not in owners and name not in RENAMED_KEYS and name.startswith("no_") and name[3:] in owners:
+            if (name not in owners and name not in RENAMED_KEYS and name.startswith("no_") and name[3:] in owners
+                    and _is_bool(field_types(owners[name[3:]][0])[name[3:]])):
                 name, negated = name[3:], True
             if name not in owners and name not in RENAMED_KEYS:
                 if allow_remaining:
@@ -336,6 +360,18 @@ def reward_problems(values) -> list[Problem]:
     return problems
 
 
+def _blame(dtype, message: str, values, sources) -> Problem:
+    """A problem raised while building `dtype` (by transformers' own checks), pinned on the field the user set that
+    it names (`Unknown fsdp option`), or whose value it quotes (a missing JSON file); on the class otherwise."""
+    given = [f.name for f in dataclasses.fields(dtype) if f.init and sources.get(f.name, "default") != "default"]
+    by_name = [n for n in given if re.search(rf"\b{re.escape(n)}\b", message)]
+    by_value = [n for n in given if isinstance(values.get(n), str) and len(values[n]) >= 3 and values[n] in message]
+    name = next(iter(by_name + by_value), None)
+    if name is None:
+        return Problem(dtype.__name__, message)
+    return Problem(name, f"{dtype.__name__}: {message}", values.get(name), source=sources.get(name))
+
+
 def _with_source(problem: Problem, sources) -> Problem:
     if problem.source is None:
         return dataclasses.replace(problem, source=sources.get(problem.field))
@@ -385,6 +421,16 @@ def _is_list(tp) -> bool:
     members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType) \
         else (inner,)
     return any((typing.get_origin(m) or m) is list for m in members)
+
+
+def _as_number(value) -> float | None:
+    """`value` as a number when it is one (or a command-line string of one), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _is_bool(tp) -> bool:
