@@ -54,6 +54,7 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "num_generations_eval": (1, True, None, False),
     "max_completion_length": (1, True, None, False),
     "max_prompt_length": (1, True, None, False),
+    "pad_to_multiple_of": (1, True, None, False),
     "generation_batch_size": (1, True, None, False),
     "steps_per_generation": (1, True, None, False),
     "num_iterations": (1, True, None, False),
@@ -221,6 +222,11 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
                 get("vllm_importance_sampling_mode"),
                 "set vllm_importance_sampling_clip_max: 3.0",
             )
+        )
+    pad = get("pad_to_multiple_of")
+    if isinstance(pad, str) and pad != "auto":  # `int | str` only so that 'auto' can be written
+        problems.append(
+            Problem("pad_to_multiple_of", "must be a positive integer, 'auto' or null", pad, "did you mean 'auto'?")
         )
     if get("log_completions_hub_repo") is not None and not get("log_completions"):
         problems.append(
