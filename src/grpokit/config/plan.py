@@ -43,20 +43,50 @@ def _model_dims(path) -> dict | None:
         return None
     with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
+    model_type = cfg.get("model_type", "")
     cfg = cfg.get("text_config", cfg)
     try:
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or hidden // heads
+        attention_bias = cfg.get("attention_bias", False)
         return {
             "vocab": cfg["vocab_size"],
             "hidden": hidden,
             "layers": cfg["num_hidden_layers"],
             "intermediate": cfg.get("intermediate_size", 4 * hidden),
-            "kv_dim": cfg.get("num_key_value_heads", heads) * cfg.get("head_dim", hidden // heads),
+            "q_dim": heads * head_dim,
+            "kv_dim": cfg.get("num_key_value_heads", heads) * head_dim,
             "tied": cfg.get("tie_word_embeddings", False),
+            # Qwen2 always has q/k/v biases; Llama-style configs say so with attention_bias (q/k/v/o) and mlp_bias.
+            "qkv_bias": model_type.startswith("qwen2") or attention_bias,
+            "o_bias": attention_bias,
+            "mlp_bias": cfg.get("mlp_bias", False),
+            # Qwen3 normalises queries and keys per head (one RMSNorm weight of head_dim each).
+            "qk_norm": 2 * head_dim if model_type.startswith("qwen3") else 0,
         }
-    except KeyError:
+    except (KeyError, TypeError, ZeroDivisionError):
         return None
+
+
+def parameter_count(dims) -> int:
+    """Weights of a decoder-only transformer with these dimensions (embeddings, attention, gated MLP, norms)."""
+    h, inter, q, kv = dims["hidden"], dims["intermediate"], dims["q_dim"], dims["kv_dim"]
+    per_layer = sum(i * o for i, o in _linear_shapes(dims)) + 2 * h + dims["qk_norm"]
+    per_layer += (q + 2 * kv) * dims["qkv_bias"] + h * dims["o_bias"] + (2 * inter + h) * dims["mlp_bias"]
+    return dims["vocab"] * h * (1 if dims["tied"] else 2) + dims["layers"] * per_layer + h
+
+
+def _linear_shapes(dims) -> list[tuple[int, int]]:
+    h, inter, q, kv = dims["hidden"], dims["intermediate"], dims["q_dim"], dims["kv_dim"]
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]  # q k v o gate up down
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(int(n))
 
 
 def _gib(n_bytes: float) -> str:
@@ -72,10 +102,9 @@ def memory_estimate(values) -> list[tuple[str, str, str]] | None:
     dims = _model_dims(values.get("model_name_or_path"))
     if dims is None:
         return None
-    h, n_layers, inter, kv, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["kv_dim"], dims["vocab"]
-    linear_shapes = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]  # q k v o gate up down
-    per_layer = sum(i * o for i, o in linear_shapes) + 2 * h
-    params = vocab * h * (1 if dims["tied"] else 2) + n_layers * per_layer + h
+    h, n_layers, inter, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["vocab"]
+    linear_shapes = _linear_shapes(dims)
+    params = parameter_count(dims)
     dtype = values.get("dtype") or "float32"
     weight_bytes = _BYTES.get(dtype, 4)
     if values.get("use_peft"):
@@ -89,7 +118,7 @@ def memory_estimate(values) -> list[tuple[str, str, str]] | None:
     seq = (prompt or 512) + completion
     act_per_token_layer = h if values.get("gradient_checkpointing") else 10 * h + 2 * inter
     rows = [
-        ("parameters", f"{params / 1e6:.1f} M", f"from {values['model_name_or_path']}/config.json"),
+        ("parameters", _count(params), f"{params:,} weights, from {values['model_name_or_path']}/config.json"),
         ("weights", _gib(params * weight_bytes), f"{dtype}"),
         ("gradients", _gib(trainable * weight_bytes), "LoRA adapters only" if values.get("use_peft") else "all weights"),
         ("optimizer state", _gib(trainable * 2 * weight_bytes), "AdamW: two moments per trainable weight"),
