@@ -76,7 +76,9 @@ def _take_option(args, name, default=None, choices=None):
     """Remove `--name value` from args; return (value, args)."""
     out, value, i = [], default, 0
     while i < len(args):
-        if args[i] == name and i + 1 < len(args):
+        if args[i] == name:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ValueError(f"{name} expects a value" + (f" ({', '.join(choices)})" if choices else ""))
             value, i = args[i + 1], i + 2
         elif args[i].startswith(name + "="):
             value, i = args[i].split("=", 1)[1], i + 1
