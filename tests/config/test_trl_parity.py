@@ -1,0 +1,122 @@
+"""Field-for-field parity with TRL 1.16, against tests/data/trl_1_16_fields.json (a snapshot of TRL's dataclass
+fields, generated once from TRL: TRL itself is not installed for the tests and never imported)."""
+
+import dataclasses
+import enum
+import json
+import math
+import typing
+from pathlib import Path
+
+import pytest
+
+import grpokit.algorithms
+from grpokit.config.grpo_config import GRPOConfig
+from grpokit.config.model_config import ModelConfig
+from grpokit.config.script_args import (
+    DatasetConfig,
+    DatasetMixtureConfig,
+    GRPOScriptArguments,
+    ScriptArguments,
+)
+from grpokit.config.types import field_choices, field_types
+
+SNAPSHOT = json.loads((Path(__file__).parents[1] / "data" / "trl_1_16_fields.json").read_text())
+CLASSES = [GRPOConfig, ScriptArguments, GRPOScriptArguments, ModelConfig, DatasetConfig, DatasetMixtureConfig]
+
+# grpokit's own fields, on top of TRL's: exactly these and no others.
+EXTRAS = {
+    "GRPOConfig": {"recipe", "max_prompt_length"},
+    "ScriptArguments": set(),
+    "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt"},
+    "ModelConfig": set(),
+    "DatasetConfig": set(),
+    "DatasetMixtureConfig": set(),
+}
+
+
+def test_snapshot_is_trl_1_16():
+    assert SNAPSHOT["trl_version"] == "1.16.0"
+    assert {cls.__name__ for cls in CLASSES} <= set(SNAPSHOT["classes"])
+
+
+def declared_default(f: dataclasses.Field):
+    """The default declared on the dataclass field (not the value after __post_init__)."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "<required>"
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def same(ours, theirs) -> bool:
+    if isinstance(ours, float) and isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
+        return math.isclose(ours, theirs, rel_tol=1e-12) and type(ours) is type(theirs)
+    return ours == theirs and type(ours) is type(theirs)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_field_names(cls):
+    ours = {f.name for f in dataclasses.fields(cls)}
+    theirs = set(SNAPSHOT["classes"][cls.__name__])
+    assert theirs - ours == set(), f"TRL fields missing from {cls.__name__}"
+    assert ours - theirs == EXTRAS[cls.__name__], f"{cls.__name__} has fields TRL does not have"
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_field_defaults(cls):
+    theirs = SNAPSHOT["classes"][cls.__name__]
+    differences = {
+        f.name: (declared_default(f), theirs[f.name]["default"])
+        for f in dataclasses.fields(cls)
+        if f.name in theirs and not same(declared_default(f), theirs[f.name]["default"])
+    }
+    assert differences == {}
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_field_is_an_init_argument(cls):
+    # TRL's fields are all constructor arguments (and so YAML keys and flags).
+    assert [f.name for f in dataclasses.fields(cls) if not f.init] == []
+
+
+def test_script_arguments_hierarchy():
+    assert issubclass(GRPOScriptArguments, ScriptArguments)
+    # TRL's GRPOScriptArguments adds exactly the reward fields to ScriptArguments.
+    added = set(SNAPSHOT["classes"]["GRPOScriptArguments"]) - set(SNAPSHOT["classes"]["ScriptArguments"])
+    assert added == {"reward_funcs", "reward_model_name_or_path"}
+
+
+def test_extra_defaults_change_nothing():
+    """Our extra fields default to 'off', so a TRL config resolves the same with or without them."""
+    defaults = {f.name: declared_default(f) for f in dataclasses.fields(GRPOConfig)}
+    assert defaults["recipe"] is None and defaults["max_prompt_length"] is None
+    script = {f.name: declared_default(f) for f in dataclasses.fields(GRPOScriptArguments)}
+    assert script["dataset_prompt_column"] == "prompt" and script["system_prompt"] is None
+
+
+def test_algorithms_module_exports_the_choice_tuples():
+    text = (Path(grpokit.algorithms.__file__)).read_text()
+    for name in ("LOSS_TYPES", "SCALE_REWARDS"):
+        assert name in grpokit.algorithms.__all__
+        assert name in text
+
+
+@pytest.mark.parametrize(
+    "field_name, choices",
+    [
+        ("loss_type", grpokit.algorithms.LOSS_TYPES),
+        ("scale_rewards", grpokit.algorithms.SCALE_REWARDS),
+        ("importance_sampling_level", grpokit.algorithms.IMPORTANCE_SAMPLING_LEVELS),
+        ("multi_objective_aggregation", grpokit.algorithms.MULTI_OBJECTIVE_AGGREGATIONS),
+    ],
+)
+def test_config_choices_match_algorithms(field_name, choices):
+    tp = field_types(GRPOConfig)[field_name]
+    assert typing.get_origin(tp) is typing.Literal
+    assert tuple(typing.get_args(tp)) == tuple(choices)
+    assert tuple(field_choices(tp)) == tuple(choices)
+    # And TRL's default is one of them.
+    assert SNAPSHOT["classes"]["GRPOConfig"][field_name]["default"] in choices
