@@ -67,15 +67,19 @@ def test_local_directory_with_splits(tmp_path):
     train, evaluation = load_train_eval(args, DatasetMixtureConfig(), want_eval=True)
     assert train["prompt"] == ["t"] and evaluation["prompt"] == ["e"]
     with pytest.raises(DataError, match="no split 'tset'; did you mean 'test'"):
-        load_train_eval(GRPOScriptArguments(dataset_name=str(tmp_path), dataset_test_split="tset"),
-                        DatasetMixtureConfig(), want_eval=True)
+        load_train_eval(
+            GRPOScriptArguments(dataset_name=str(tmp_path), dataset_test_split="tset"),
+            DatasetMixtureConfig(),
+            want_eval=True,
+        )
 
 
 def test_hub_id_offline_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataError, match="offline") as info:
-        load_train_eval(GRPOScriptArguments(dataset_name="nobody/no-such-dataset"), DatasetMixtureConfig(),
-                        want_eval=False)
+        load_train_eval(
+            GRPOScriptArguments(dataset_name="nobody/no-such-dataset"), DatasetMixtureConfig(), want_eval=False
+        )
     assert "\n" not in str(info.value)
 
 
@@ -84,8 +88,10 @@ def test_mixture_fractions_are_target_shares(tmp_path):
     a = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"a{i}", "x": 1} for i in range(10)])
     b = _jsonl(tmp_path / "b.jsonl", [{"prompt": f"b{i}", "y": 2} for i in range(4)])
     mixture = DatasetMixtureConfig(
-        datasets=[DatasetConfig(path=a, columns=["prompt"], fraction=0.5),
-                  DatasetConfig(path=b, columns=["prompt"], fraction=0.5)]
+        datasets=[
+            DatasetConfig(path=a, columns=["prompt"], fraction=0.5),
+            DatasetConfig(path=b, columns=["prompt"], fraction=0.5),
+        ]
     )
     train = load_mixture(mixture)["train"]
     assert train["prompt"] == ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"]

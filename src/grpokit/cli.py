@@ -1,9 +1,9 @@
 """`grpokit`: thin command line. Parse, then hand over.
 
-    grpokit train  [--config F]... [--recipe NAME] [--field value]...
-    grpokit config validate|show|plan|schema|diff ...
-    grpokit recipes [show NAME]
-    grpokit plot RUN_DIR
+grpokit train  [--config F]... [--recipe NAME] [--field value]...
+grpokit config validate|show|plan|schema|diff ...
+grpokit recipes [show NAME]
+grpokit plot RUN_DIR
 """
 
 from __future__ import annotations
@@ -170,8 +170,10 @@ def _diff(args) -> int:
     if not changed:
         print("no differences")
     for k in changed:
-        print(f"{k}: {json.dumps(a.values[k], default=str)} ({a.sources[k]}) -> "
-              f"{json.dumps(b.values[k], default=str)} ({b.sources[k]})")
+        print(
+            f"{k}: {json.dumps(a.values[k], default=str)} ({a.sources[k]}) -> "
+            f"{json.dumps(b.values[k], default=str)} ({b.sources[k]})"
+        )
     return 0
 
 

@@ -33,8 +33,11 @@ def _load(path, *, name=None, data_dir=None, data_files=None, split=None, stream
         return datasets.load_dataset(builder, split=split, **kwargs)
     except (FileNotFoundError, ConnectionError, OSError, ValueError) as exc:
         if not os.path.exists(str(path)) and ext not in _LOCAL_FORMATS:
-            where = "offline (HF_HUB_OFFLINE=1), so a hub dataset must already be cached" if offline else (
-                "it is not a local path and could not be fetched from the hub")
+            where = (
+                "offline (HF_HUB_OFFLINE=1), so a hub dataset must already be cached"
+                if offline
+                else ("it is not a local path and could not be fetched from the hub")
+            )
             raise DataError(f"dataset {path!r} could not be loaded: {where}") from None
         raise DataError(f"dataset {path!r} could not be loaded: {' '.join(str(exc).split())[:300]}") from None
     except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ...)
@@ -58,8 +61,14 @@ def load_mixture(mixture) -> dict:
 
     parts = []
     for i, entry in enumerate(mixture.datasets):
-        ds = _load(entry.path, name=entry.name, data_dir=entry.data_dir, data_files=entry.data_files,
-                   split=entry.split, streaming=mixture.streaming)
+        ds = _load(
+            entry.path,
+            name=entry.name,
+            data_dir=entry.data_dir,
+            data_files=entry.data_files,
+            split=entry.split,
+            streaming=mixture.streaming,
+        )
         if entry.columns is not None:
             missing = [c for c in entry.columns if c not in (ds.column_names or [])]
             if missing:
@@ -75,12 +84,13 @@ def load_mixture(mixture) -> dict:
         if mixture.streaming:
             raise DataError("datasets: `fraction` cannot be used with streaming")
         weights = [f / sum(fractions) for f in fractions]
-        total = min(len(ds) / w for ds, w in zip(parts, weights))
-        parts = [ds.select(range(round(w * total))) for ds, w in zip(parts, weights)]
+        total = min(len(ds) / w for ds, w in zip(parts, weights, strict=True))
+        parts = [ds.select(range(round(w * total))) for ds, w in zip(parts, weights, strict=True)]
     columns = [tuple(sorted(ds.column_names or [])) for ds in parts]
     if len(set(columns)) > 1:
-        raise DataError(f"datasets: the mixture's entries have different columns {columns}; select common ones "
-                        "with `columns:`")
+        raise DataError(
+            f"datasets: the mixture's entries have different columns {columns}; select common ones with `columns:`"
+        )
     combined = datasets.concatenate_datasets(parts)
     if mixture.test_split_size is not None:
         return dict(combined.train_test_split(test_size=mixture.test_split_size))
@@ -96,8 +106,9 @@ def load_train_eval(script_args, mixture, *, want_eval: bool):
         if want_eval and evaluation is None:
             raise DataError("evaluation is on but the mixture has no test split; set test_split_size")
     elif script_args.dataset_name:
-        loaded = _load(script_args.dataset_name, name=script_args.dataset_config,
-                       streaming=script_args.dataset_streaming)
+        loaded = _load(
+            script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
+        )
         what = f"dataset {script_args.dataset_name!r}"
         train = _split(loaded, script_args.dataset_train_split, what)
         evaluation = _split(loaded, script_args.dataset_test_split, what) if want_eval else None

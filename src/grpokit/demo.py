@@ -22,7 +22,7 @@ def copy_digit_reward(prompts, completions, **kwargs) -> list[float]:
     [0.75]
     """
     rewards = []
-    for prompt, completion in zip(prompts, completions):
+    for prompt, completion in zip(prompts, completions, strict=True):
         text = completion if isinstance(completion, str) else completion[0]["content"]
         digit = prompt.rstrip("=")[-1]
         rewards.append(sum(ch == digit for ch in text[:ANSWER_LENGTH]) / ANSWER_LENGTH)

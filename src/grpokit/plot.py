@@ -36,8 +36,14 @@ def plot_run(run_dir: str) -> str:
     std = [r.get("reward_std", 0.0) for r in rows]
     fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     ax_r.plot(steps, reward, color="tab:blue", label="reward (mean)")
-    ax_r.fill_between(steps, [m - s for m, s in zip(reward, std)], [m + s for m, s in zip(reward, std)],
-                      color="tab:blue", alpha=0.2, label="± reward_std")
+    ax_r.fill_between(
+        steps,
+        [m - s for m, s in zip(reward, std, strict=True)],
+        [m + s for m, s in zip(reward, std, strict=True)],
+        color="tab:blue",
+        alpha=0.2,
+        label="± reward_std",
+    )
     ax_r.set_ylabel("reward")
     ax_r.legend(loc="lower right")
     ax_r.grid(alpha=0.3)

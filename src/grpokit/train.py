@@ -37,8 +37,17 @@ def run_demo(extra_args) -> int:
     os.makedirs(out, exist_ok=True)
     print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
     model_dir, data_path = prepare_demo(out)
-    args = ["--config", demo_config_path(), "--model_name_or_path", model_dir, "--dataset_name", data_path,
-            "--output_dir", out, *extra_args]
+    args = [
+        "--config",
+        demo_config_path(),
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        data_path,
+        "--output_dir",
+        out,
+        *extra_args,
+    ]
     return _train(args, demo=True)
 
 
@@ -113,8 +122,10 @@ def _train(argv, *, demo: bool = False) -> int:
 
         plot = plot_run(training_args.output_dir)
         out = training_args.output_dir
-        print(f"\nmodel and tokenizer: {out}/\nresolved config:     {out}/resolved_config.yaml\n"
-              f"metrics:             {out}/metrics.jsonl\nreward curve:        {plot}")
+        print(
+            f"\nmodel and tokenizer: {out}/\nresolved config:     {out}/resolved_config.yaml\n"
+            f"metrics:             {out}/metrics.jsonl\nreward curve:        {plot}"
+        )
         if demo:
             _demo_verdict(out)
     return 0
@@ -199,7 +210,7 @@ def _demo_verdict(output_dir) -> None:
     rows = [r for r in read_metrics(output_dir) if "reward" in r]
     if not rows:
         return
-    tail = rows[-max(1, len(rows) // 10):]
+    tail = rows[-max(1, len(rows) // 10) :]
     first, last = rows[0]["reward"], sum(r["reward"] for r in tail) / len(tail)
     print(f"demo: mean reward {first:.3f} at the first logged step, {last:.3f} over the last tenth of logged steps")
 
@@ -238,8 +249,11 @@ class RunRecorder(TrainerCallback):
             total = state.max_steps or 0
             eta = elapsed / max(state.global_step, 1) * max(total - state.global_step, 0)
             loss = f" | loss {logs['loss']:+.4f}" if "loss" in logs else ""
-            print(f"step {state.global_step:>5}/{total} | reward {logs['reward']:.3f} ± {logs.get('reward_std', 0):.3f}"
-                  f"{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s", flush=True)
+            print(
+                f"step {state.global_step:>5}/{total} | reward {logs['reward']:.3f} ± {logs.get('reward_std', 0):.3f}"
+                f"{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s",
+                flush=True,
+            )
 
     def _write_completions(self, step) -> None:
         samples = getattr(self.trainer, "logged_completions", None)

@@ -10,8 +10,9 @@ import pytest
 
 def run_grpokit(*args, cwd=None, timeout=600):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 def write_recipe(tmp_path, model_dir, **overrides):
@@ -47,14 +48,27 @@ def test_train_writes_every_output(tmp_path, tiny_model_dir):
     result = run_grpokit("train", "--config", str(recipe))
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "resolved_config.yaml", "metrics.jsonl",
-                 "reward_curve.png", "completions.jsonl"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "resolved_config.yaml",
+        "metrics.jsonl",
+        "reward_curve.png",
+        "completions.jsonl",
+    ):
         assert (run / name).is_file(), name
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "reward" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
-    for key in ("reward", "reward_std", "rewards/tag_count/mean", "rewards/soft_overlong_punishment/mean",
-                "completions/mean_length", "loss"):
+    for key in (
+        "reward",
+        "reward_std",
+        "rewards/tag_count/mean",
+        "rewards/soft_overlong_punishment/mean",
+        "completions/mean_length",
+        "loss",
+    ):
         assert key in train_rows[0], key
     completions = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     assert completions and "completion" in completions[0]
@@ -108,8 +122,9 @@ def test_bad_row_is_named(tmp_path, tiny_model_dir):
 
 
 def test_demo_runs_end_to_end_briefly(tmp_path):
-    result = run_grpokit("train", "--demo", "--max_steps", "2", "--logging_steps", "1", "--output_dir",
-                         str(tmp_path / "demo"))
+    result = run_grpokit(
+        "train", "--demo", "--max_steps", "2", "--logging_steps", "1", "--output_dir", str(tmp_path / "demo")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "demo: mean reward" in result.stdout
     assert (tmp_path / "demo" / "reward_curve.png").is_file()

@@ -391,9 +391,7 @@ class GRPOConfig(TrainingArguments):
     )
     mask_truncated_completions: bool = field(
         default=False,
-        metadata={
-            "help": "Exclude completions that hit max_completion_length without an EOS from the loss (DAPO)."
-        },
+        metadata={"help": "Exclude completions that hit max_completion_length without an EOS from the loss (DAPO)."},
     )
     top_entropy_quantile: float = field(
         default=1.0,

@@ -20,7 +20,9 @@ class ModelConfig:
     )
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "Attention kernel, e.g. 'sdpa', 'eager' or 'flash_attention_2'; unset lets transformers pick."},
+        metadata={
+            "help": "Attention kernel, e.g. 'sdpa', 'eager' or 'flash_attention_2'; unset lets transformers pick."
+        },
     )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of the full model."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})

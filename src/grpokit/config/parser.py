@@ -31,8 +31,15 @@ from .yaml_io import load_yaml_file
 DEFAULT_TYPES = (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
 
 # Fields whose final value is computed while the dataclasses are built; shown with source "derived" when it differs.
-DERIVED_FIELDS = ("steps_per_generation", "generation_batch_size", "pad_to_multiple_of", "output_dir", "do_eval",
-                  "eval_steps", "lora_target_modules")
+DERIVED_FIELDS = (
+    "steps_per_generation",
+    "generation_batch_size",
+    "pad_to_multiple_of",
+    "output_dir",
+    "do_eval",
+    "eval_steps",
+    "lora_target_modules",
+)
 
 RESERVED_KEYS = ("config", "recipe", "env")
 
@@ -119,7 +126,9 @@ class TrlParser(HfArgumentParser):
             if env is None:
                 continue
             if not isinstance(env, dict):
-                problems.append(Problem("env", "must be a mapping of VARIABLE: value", env, source=f"yaml:{path}:{lines['env']}"))
+                problems.append(
+                    Problem("env", "must be a mapping of VARIABLE: value", env, source=f"yaml:{path}:{lines['env']}")
+                )
                 continue
             for key, value in env.items():
                 if isinstance(value, (dict, list)) or not isinstance(key, str):
@@ -175,16 +184,18 @@ class TrlParser(HfArgumentParser):
                         continue
                     key, source = new, f"migrated:{key}"
                 if key == "scale_rewards" and legacy_scale_rewards(value) is not None:
-                    warnings.append(f"scale_rewards: {value} ({source}) is a legacy spelling of "
-                                    f"{legacy_scale_rewards(value)!r}")
+                    warnings.append(
+                        f"scale_rewards: {value} ({source}) is a legacy spelling of {legacy_scale_rewards(value)!r}"
+                    )
                     value = legacy_scale_rewards(value)
                 if key not in owners:
                     if allow_remaining and source != "cli":
                         remaining += [f"--{key}", str(value)]
                         continue
                     near = closest(key, list(owners) + ["env", "recipe"])
-                    problems.append(Problem(key, "unknown key", hint=f"did you mean {near!r}?" if near else None,
-                                            source=source))
+                    problems.append(
+                        Problem(key, "unknown key", hint=f"did you mean {near!r}?" if near else None, source=source)
+                    )
                     continue
                 raw[key] = (value, source)
 
@@ -236,8 +247,9 @@ class TrlParser(HfArgumentParser):
                         # 'auto' -> null) keeps its source, so that `config show --format yaml` still writes it.
                         if sources.get(name, "default") == "default":
                             sources[name] = "derived"
-        resolution = Resolution(instances, {k: plain(v) for k, v in shown.items()}, sources, warnings,
-                                machine_notes(shown), remaining)
+        resolution = Resolution(
+            instances, {k: plain(v) for k, v in shown.items()}, sources, warnings, machine_notes(shown), remaining
+        )
         self.resolution = resolution
         return resolution
 
@@ -276,24 +288,40 @@ class TrlParser(HfArgumentParser):
             while j < len(tokens) and not tokens[j].startswith("--"):
                 j += 1
             if not token.startswith("--"):
-                (remaining.extend(tokens[i:j]) if allow_remaining else problems.append(
-                    Problem("arguments", f"unexpected value {token!r} (values follow a --flag)", source="cli")))
+                (
+                    remaining.extend(tokens[i:j])
+                    if allow_remaining
+                    else problems.append(
+                        Problem("arguments", f"unexpected value {token!r} (values follow a --flag)", source="cli")
+                    )
+                )
                 i = j
                 continue
             name, _, inline = token[2:].partition("=")
             given = ([inline] if _ else []) + tokens[i + 1 : j]
             name = name.replace("-", "_")
             negated = False
-            if (name not in owners and name not in RENAMED_KEYS and name.startswith("no_") and name[3:] in owners
-                    and _is_bool(field_types(owners[name[3:]][0])[name[3:]])):
+            if (
+                name not in owners
+                and name not in RENAMED_KEYS
+                and name.startswith("no_")
+                and name[3:] in owners
+                and _is_bool(field_types(owners[name[3:]][0])[name[3:]])
+            ):
                 name, negated = name[3:], True
             if name not in owners and name not in RENAMED_KEYS:
                 if allow_remaining:
                     remaining.extend(tokens[i:j])
                 else:
                     near = closest(name, list(owners) + ["config", "recipe"])
-                    problems.append(Problem(f"--{name}", "unknown argument",
-                                            hint=f"did you mean --{near}?" if near else None, source="cli"))
+                    problems.append(
+                        Problem(
+                            f"--{name}",
+                            "unknown argument",
+                            hint=f"did you mean --{near}?" if near else None,
+                            source="cli",
+                        )
+                    )
                 i = j
                 continue
             tp = field_types(owners[name][0])[name] if name in owners else None
@@ -311,8 +339,9 @@ class TrlParser(HfArgumentParser):
                 else:
                     problems.append(Problem(f"--{name}", "expects a value", source="cli"))
             elif len(given) > 1:
-                problems.append(Problem(f"--{name}", f"expects one value, got {len(given)}", " ".join(given),
-                                        source="cli"))
+                problems.append(
+                    Problem(f"--{name}", f"expects one value, got {len(given)}", " ".join(given), source="cli")
+                )
             else:
                 values[name] = given[0]
             i = j
@@ -352,9 +381,17 @@ def reward_problems(values) -> list[Problem]:
     weights = values.get("reward_weights")
     expected = len(funcs) + (1 if values.get("reward_model_name_or_path") else 0)
     if weights is not None and len(weights) != expected:
-        what = ("1 reward model + " if values.get("reward_model_name_or_path") else "") + f"{len(funcs)} reward function(s)"
-        problems.append(Problem("reward_weights", f"has {len(weights)} weight(s) but there are {what}", weights,
-                                f"give {expected} weight(s): the reward model's first (when set), then one per function, in order"))
+        what = (
+            "1 reward model + " if values.get("reward_model_name_or_path") else ""
+        ) + f"{len(funcs)} reward function(s)"
+        problems.append(
+            Problem(
+                "reward_weights",
+                f"has {len(weights)} weight(s) but there are {what}",
+                weights,
+                f"give {expected} weight(s): the reward model's first (when set), then one per function, in order",
+            )
+        )
     if not funcs and not values.get("reward_model_name_or_path") and "reward_funcs" in values:
         pass  # a script may pass reward functions in Python; `grpokit train` checks this itself
     return problems
@@ -418,8 +455,11 @@ def _is_list(tp) -> bool:
     from .types import strip_optional
 
     inner, _ = strip_optional(tp)
-    members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType) \
+    members = (
+        typing.get_args(inner)
+        if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType)
         else (inner,)
+    )
     return any((typing.get_origin(m) or m) is list for m in members)
 
 

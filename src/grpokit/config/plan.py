@@ -30,11 +30,19 @@ def batch_geometry(values) -> list[tuple[str, object, str]]:
         ("steps_per_generation", steps, "micro-steps per process fed by one generation round"),
         ("prompts_per_generation", gen_batch // num_gen, "generation_batch_size / num_generations"),
         ("completions_per_optimizer_step", per_device * processes * accum, "per_device x processes x accumulation"),
-        ("optimizer_steps_per_generation", round(micro_steps_per_round / accum, 4),
-         "steps_per_generation x num_iterations / gradient_accumulation_steps"),
+        (
+            "optimizer_steps_per_generation",
+            round(micro_steps_per_round / accum, 4),
+            "steps_per_generation x num_iterations / gradient_accumulation_steps",
+        ),
         ("num_iterations", iterations, "passes over each generation round"),
-        ("on_policy", on_policy, "no update between generating and training on a round: old logprobs not needed"
-         if on_policy else "the policy moves within a round: old logprobs are computed and ratios are clipped"),
+        (
+            "on_policy",
+            on_policy,
+            "no update between generating and training on a round: old logprobs not needed"
+            if on_policy
+            else "the policy moves within a round: old logprobs are computed and ratios are clipped",
+        ),
     ]
 
 
@@ -120,16 +128,35 @@ def memory_estimate(values) -> list[tuple[str, str, str]] | None:
     rows = [
         ("parameters", _count(params), f"{params:,} weights, from {values['model_name_or_path']}/config.json"),
         ("weights", _gib(params * weight_bytes), f"{dtype}"),
-        ("gradients", _gib(trainable * weight_bytes), "LoRA adapters only" if values.get("use_peft") else "all weights"),
+        (
+            "gradients",
+            _gib(trainable * weight_bytes),
+            "LoRA adapters only" if values.get("use_peft") else "all weights",
+        ),
         ("optimizer state", _gib(trainable * 2 * weight_bytes), "AdamW: two moments per trainable weight"),
     ]
     ref = values.get("beta", 0) > 0 and not values.get("use_peft")
-    rows.append(("reference model", _gib(params * weight_bytes) if ref else "0",
-                 "beta > 0 without PEFT" if ref else "not loaded (beta = 0 or PEFT adapters disabled instead)"))
-    rows.append(("logits (one micro-batch)", _gib(micro * completion * vocab * 4),
-                 f"{micro} x {completion} completion tokens x {vocab} vocab, float32; grpokit computes them in chunks"))
-    rows.append(("activations (one micro-batch)", _gib(micro * seq * n_layers * act_per_token_layer * weight_bytes),
-                 f"rough: {micro} x {seq} tokens x {n_layers} layers, "
-                 f"{'with' if values.get('gradient_checkpointing') else 'without'} gradient checkpointing; "
-                 f"{prompt_note}"))
+    rows.append(
+        (
+            "reference model",
+            _gib(params * weight_bytes) if ref else "0",
+            "beta > 0 without PEFT" if ref else "not loaded (beta = 0 or PEFT adapters disabled instead)",
+        )
+    )
+    rows.append(
+        (
+            "logits (one micro-batch)",
+            _gib(micro * completion * vocab * 4),
+            f"{micro} x {completion} completion tokens x {vocab} vocab, float32; grpokit computes them in chunks",
+        )
+    )
+    rows.append(
+        (
+            "activations (one micro-batch)",
+            _gib(micro * seq * n_layers * act_per_token_layer * weight_bytes),
+            f"rough: {micro} x {seq} tokens x {n_layers} layers, "
+            f"{'with' if values.get('gradient_checkpointing') else 'without'} gradient checkpointing; "
+            f"{prompt_note}",
+        )
+    )
     return rows

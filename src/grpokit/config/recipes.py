@@ -9,8 +9,11 @@ from .suggest import closest
 
 
 def recipe_names() -> list[str]:
-    return sorted(p.name[: -len(".yaml")] for p in resources.files(__package__).joinpath("recipes").iterdir()
-                  if p.name.endswith(".yaml"))
+    return sorted(
+        p.name[: -len(".yaml")]
+        for p in resources.files(__package__).joinpath("recipes").iterdir()
+        if p.name.endswith(".yaml")
+    )
 
 
 def recipe_text(name: str) -> str:

@@ -42,5 +42,7 @@ def as_yaml(resolution, header: list[str] | None = None) -> str:
         lines.append(f"{key}: {json.dumps(value, default=str)}  # {source}")
     derived = [k for k, s in resolution.sources.items() if s == "derived"]
     if derived:
-        lines.append("# derived when resolved: " + ", ".join(f"{k}={json.dumps(resolution.values[k])}" for k in derived))
+        lines.append(
+            "# derived when resolved: " + ", ".join(f"{k}={json.dumps(resolution.values[k])}" for k in derived)
+        )
     return "\n".join(lines) + "\n"

@@ -316,12 +316,17 @@ def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str
 def _group_problem(values, gen_batch, num_gen, global_batch, num_processes) -> Problem:
     explicit = values.get("generation_batch_size") is not None
     name = "generation_batch_size" if explicit else "num_generations"
-    how = "" if explicit else (
-        f" (per_device_train_batch_size x processes x steps_per_generation = {global_batch // num_processes} x "
-        f"{num_processes} x {gen_batch // global_batch})"
+    how = (
+        ""
+        if explicit
+        else (
+            f" (per_device_train_batch_size x processes x steps_per_generation = {global_batch // num_processes} x "
+            f"{num_processes} x {gen_batch // global_batch})"
+        )
     )
     options = [
-        "generation_batch_size " + " or ".join(map(str, _nearest_multiples(gen_batch, math.lcm(num_gen, global_batch))))
+        "generation_batch_size "
+        + " or ".join(map(str, _nearest_multiples(gen_batch, math.lcm(num_gen, global_batch))))
     ]
     if not explicit:
         per_device = values["per_device_train_batch_size"]

@@ -112,8 +112,10 @@ def build_schema(dataclass_types) -> dict:
             "required": ["name"],
             "additionalProperties": False,
         }
-        properties[name]["anyOf"] = [{"type": "array", "items": {"anyOf": [{"type": "string"}, entry]}},
-                                     {"type": "null"}]
+        properties[name]["anyOf"] = [
+            {"type": "array", "items": {"anyOf": [{"type": "string"}, entry]}},
+            {"type": "null"},
+        ]
         properties[name].pop("type", None)
         properties[name].pop("items", None)
     if "scale_rewards" in properties:

@@ -215,7 +215,9 @@ def coerce(value: Any, tp: Any, *, mapping_items: bool = False) -> Any:
             errors.append(exc)
     if len(errors) == 1:
         raise errors[0]
-    raise CoercionError(f"{value!r} is not {type_label(tp)}", next((e.suggestion for e in errors if e.suggestion), None))
+    raise CoercionError(
+        f"{value!r} is not {type_label(tp)}", next((e.suggestion for e in errors if e.suggestion), None)
+    )
 
 
 def _is_dict(tp) -> bool:

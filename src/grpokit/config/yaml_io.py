@@ -81,7 +81,11 @@ def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
         return {}, {}
     if not isinstance(data, dict):
         raise ConfigError(
-            [Problem("config", f"{name}: the top level must be a mapping of field: value, not a {type(data).__name__}")]
+            [
+                Problem(
+                    "config", f"{name}: the top level must be a mapping of field: value, not a {type(data).__name__}"
+                )
+            ]
         )
     # `node.value` now also holds the keys merged in by `<<:` (with the line of their anchor), before the file's own.
     lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value if key_node.tag == _STR_TAG}
