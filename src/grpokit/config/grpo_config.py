@@ -8,7 +8,8 @@ description of a field; `grpokit config schema` and `--help` are built from it.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from transformers import TrainingArguments
@@ -505,13 +506,27 @@ class GRPOConfig(TrainingArguments):
 
 
 def _apply_recipe_defaults(config: GRPOConfig) -> None:
-    from dataclasses import fields
-
     from .recipes import load_recipe
 
     values = load_recipe(config.recipe)
-    own = {f.name: f for f in fields(config)}
+    own = {f.name for f in fields(config)}
+    explicit = getattr(config, "_explicit_fields", frozenset())
     for name, value in values.items():
-        f = own.get(name)
-        if f is not None and getattr(config, name) == f.default:
+        if name in own and name not in explicit:
             setattr(config, name, value)
+
+
+def _record_explicit_fields(init):
+    """Wrap the dataclass __init__ to remember which fields the caller passed, so that a recipe fills only the
+    others (`GRPOConfig(recipe="grpo", beta=0.0)` keeps beta=0.0 even though 0.0 is also the default)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        names = [f.name for f in fields(self) if f.init]
+        object.__setattr__(self, "_explicit_fields", frozenset(names[: len(args)]) | frozenset(kwargs))
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+GRPOConfig.__init__ = _record_explicit_fields(GRPOConfig.__init__)

@@ -8,6 +8,7 @@ resolves (every problem reported at once, before anything heavy is loaded).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import warnings
@@ -134,6 +135,8 @@ def range_problem(name: str, value, default=None) -> Problem | None:
     if name not in RANGES or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     low, low_inc, high, high_inc = RANGES[name]
+    if isinstance(value, float) and math.isinf(value):
+        return Problem(name, "must be a finite number", value, f"for example {default} (the default)" if default else None)
     too_low = low is not None and (value < low or (value == low and not low_inc))
     too_high = high is not None and (value > high or (value == high and not high_inc))
     if not (too_low or too_high) and not (isinstance(value, float) and math.isnan(value)):
@@ -162,6 +165,10 @@ def type_problems(values: dict[str, Any], cls) -> tuple[dict[str, Any], list[Pro
     coerced, problems = {}, []
     for f in dataclasses.fields(cls):
         if f.name not in values or not f.init:
+            continue
+        value = values[f.name]
+        if value is not None and not isinstance(value, (str, int, float, list, dict, enum.Enum)):
+            coerced[f.name] = value  # an object built in Python (e.g. AcceleratorConfig): its class checks it
             continue
         try:
             coerced[f.name] = coerce(values[f.name], hints[f.name], mapping_items=f.name in MAPPING_ITEM_FIELDS)
@@ -231,6 +238,15 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
     if get("log_completions_hub_repo") is not None and not get("log_completions"):
         problems.append(
             Problem("log_completions_hub_repo", "needs log_completions: true", get("log_completions_hub_repo"))
+        )
+    if get("sync_ref_model") and get("beta") == 0.0:
+        problems.append(
+            Problem(
+                "sync_ref_model",
+                "needs a reference model, and beta=0 loads none",
+                True,
+                "set beta > 0 (e.g. 0.04) or sync_ref_model: false",
+            )
         )
     if get("load_in_8bit") and get("load_in_4bit"):
         problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
