@@ -34,9 +34,14 @@ def run_demo(extra_args) -> int:
             out = extra_args[i + 1]
         elif arg.startswith("--output_dir="):
             out = arg.split("=", 1)[1]
-    os.makedirs(out, exist_ok=True)
-    print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
-    model_dir, data_path = prepare_demo(out)
+    from accelerate import PartialState
+
+    state = PartialState()  # under `accelerate launch`, one process per machine writes the demo's files
+    with state.local_main_process_first():
+        os.makedirs(out, exist_ok=True)
+        model_dir, data_path = prepare_demo(out)
+    if state.is_main_process:
+        print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
     args = [
         "--config",
         demo_config_path(),
@@ -91,11 +96,12 @@ def _train(argv, *, demo: bool = False) -> int:
 
     _finish_model_kwargs(training_args, model_args)
     os.makedirs(training_args.output_dir, exist_ok=True)
-    _write_resolved_config(resolution, training_args.output_dir)
+    if training_args.process_index == 0:
+        _write_resolved_config(resolution, training_args.output_dir)
 
     from grpokit.trainer import GRPOTrainer
 
-    recorder = RunRecorder(training_args.output_dir, show_progress=True)
+    recorder = RunRecorder(training_args.output_dir, fresh=training_args.process_index == 0)
     try:
         trainer = GRPOTrainer(
             model=model_args.model_name_or_path,
@@ -219,13 +225,12 @@ class RunRecorder(TrainerCallback):
     """Appends each training log to metrics.jsonl (TRL's metric names plus `step`), logged completions to
     completions.jsonl, and prints one progress line per log: step, reward, loss, ETA."""
 
-    def __init__(self, output_dir: str, *, show_progress: bool = True):
+    def __init__(self, output_dir: str, *, fresh: bool = True, show_progress: bool = True):
         self.output_dir = output_dir
         self.show_progress = show_progress
         self.trainer = None
         self._start = None
-        self._completions_written = 0
-        for name in ("metrics.jsonl", "completions.jsonl"):
+        for name in ("metrics.jsonl", "completions.jsonl") if fresh else ():
             path = os.path.join(output_dir, name)
             if os.path.exists(path):
                 os.remove(path)
