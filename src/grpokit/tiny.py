@@ -42,6 +42,30 @@ def build_tokenizer(extra_chars: str = ""):
     return fast
 
 
+def build_word_tokenizer(vocab_size: int = 32768):
+    """A word-level `PreTrainedTokenizerFast` with `vocab_size` entries: the special tokens, then the words
+    `w0`, `w1`, ... (split on whitespace, decoded with spaces between words). For benchmarks that need a large
+    vocabulary without downloading one."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for i in range(vocab_size - len(vocab)):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
 def build_model(tokenizer, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
                 vocab_size: int | None = None, arch: str = "qwen2"):
     """A random-init causal LM (Qwen2 or Llama) sized for CPU tests."""

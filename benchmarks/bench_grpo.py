@@ -1,0 +1,591 @@
+"""GRPO step benchmark: seconds per optimizer step split into phases, peak memory and efficiency, for grpokit and
+(with `--compare-trl`) TRL 1.16's `GRPOTrainer` on the same work.
+
+    python benchmarks/bench_grpo.py                                   # grpokit only
+    python benchmarks/bench_grpo.py --compare-trl --trl-python /path/to/python-with-trl
+    python benchmarks/bench_grpo.py --check-logprobs --trl-python /path/to/python-with-trl
+
+Workloads (random-init tiny Qwen2, float32, saved once to a temporary directory and loaded by path on both sides;
+gradient checkpointing off; beta 0; loss dapo; 8 generations per prompt; 16 completions per optimizer step, all
+forced to 32 tokens with `generation_kwargs={"min_new_tokens": 32}`):
+
+    short   ~6-token prompts, character vocabulary
+    long    128-token prompts, character vocabulary
+    vocab   16-token prompts, a 32,768-word vocabulary (the LM head dominates memory)
+
+Every run is its own subprocess (so peak RSS is its own), with 2 torch threads. Runs alternate grpokit / TRL. Each
+run trains `warmup + steps` optimizer steps; the warm-up steps are dropped and the median of the others is kept,
+then the median over runs.
+
+Phases (the same instrumentation on both sides):
+    generation  the trainer's generation call (grpokit: `trainer.generator.generate`; TRL: `_generate_single_turn`)
+    rewards     the reward function
+    logprobs    the trainer's log-probability passes (forward only; grpokit: its scoring calls; TRL:
+                `_get_per_token_logps_and_entropies`), in the rollout and in the loss
+    backward    `accelerator.backward`
+    optimizer   from the end of the last backward to the end of the step (grad clipping, step, zero_grad)
+    other       the rest of the step (tokenising, padding, advantages, loss arithmetic, metrics)
+
+E (efficiency) = FLOPs the step truly needs / (matmul peak FLOP/s measured in the same process x step time); see
+`step_flops`.
+
+The benchmark is a script, never part of the test suite. The TRL side runs under `--trl-python` and imports only
+trl, transformers and torch; this file imports grpokit only in the grpokit worker and when building the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+THREADS = 2
+NUM_GENERATIONS = 8
+COMPLETIONS_PER_STEP = 16
+COMPLETION_LENGTH = 32
+PHASES = ("generation", "rewards", "logprobs", "backward", "optimizer", "other")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompt_tokens: int
+    vocab: str  # "char" (the ~100-token character tokenizer) or "word" (32,768 words)
+    hidden_size: int = 512
+    num_layers: int = 4
+    num_heads: int = 8
+
+
+WORKLOADS = {
+    "short": Workload("short", prompt_tokens=6, vocab="char"),
+    "long": Workload("long", prompt_tokens=128, vocab="char"),
+    "vocab": Workload("vocab", prompt_tokens=16, vocab="word", hidden_size=256, num_heads=4),
+}
+
+
+# ------------------------------------------------------------------------------------------------ FLOPs
+
+
+def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int) -> float:
+    """Matmul FLOPs one GRPO step truly needs (2 FLOPs per multiply-add; norms, softmax, optimizer left out).
+
+    With d = hidden size, L = layers, V = vocabulary, A = attention width (heads x head dim), P = prompt length,
+    C = completion length, G = groups (unique prompts), n = completions per group:
+
+        per token, the body:      W = 2 x (weights of q, k, v, o, gate, up, down over all layers)
+        attending to k keys:      4 x L x A x k          (QK^T and AV)
+        one LM-head row:          2 x d x V
+
+        generation:  prompt prefill once per group   G x [P W + sum_{i=1..P} attn(i)] + G x lm_head
+                     decode per completion token     G n x [(C - 1) W + sum_{t=1..C-1} attn(P + t) + (C - 1) lm_head]
+        training:    3 x (forward) for forward + backward, the prompt once per group:
+                     G x [P W + sum_{i=1..P} attn(i)] + G n x [C W + sum_{t=1..C} attn(P + t) + C lm_head]
+
+    The prompt's last position yields the first completion token's logits in both generation and training (so
+    generation needs C - 1 decode steps and C LM-head rows per completion in all).
+    """
+    d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or d // heads
+    attn_width = heads * head_dim
+    ff = config["intermediate_size"]
+    per_layer = d * attn_width * 2 + 2 * d * kv_heads * head_dim + 3 * d * ff  # q, o; k, v; gate, up, down
+    body = 2 * layers * per_layer
+    lm_head = 2 * d * vocab
+
+    def attn(keys: int) -> float:
+        return 4 * layers * attn_width * keys
+
+    prompt = prompt_len * body + sum(attn(i) for i in range(1, prompt_len + 1))
+    decode = (completion_len - 1) * (body + lm_head) + sum(attn(prompt_len + t) for t in range(1, completion_len))
+    generation = groups * (prompt + lm_head) + groups * group_size * decode
+    completion = completion_len * (body + lm_head) + sum(attn(prompt_len + t) for t in range(1, completion_len + 1))
+    training = 3 * (groups * prompt + groups * group_size * completion)
+    return generation + training
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` float32 (n x n) @ (n x n) products: this process's matmul peak."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+# ------------------------------------------------------------------------------------------------ the shared setup
+
+
+def prompts_for(workload: Workload, count: int, seed: int = 0) -> list[str]:
+    """`count` distinct random prompts of exactly `workload.prompt_tokens` tokens."""
+    rng = random.Random(seed)
+    if workload.vocab == "char":
+        return [
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(workload.prompt_tokens))
+            for _ in range(count)
+        ]
+    return [" ".join(f"w{rng.randrange(32000)}" for _ in range(workload.prompt_tokens)) for _ in range(count)]
+
+
+def build_model_dir(workload: Workload, root: str) -> str:
+    """Save a random-init model and its tokenizer for `workload` under `root`; return the directory."""
+    from grpokit.tiny import build_model, build_tokenizer, build_word_tokenizer
+
+    path = os.path.join(root, workload.name)
+    tokenizer = build_tokenizer() if workload.vocab == "char" else build_word_tokenizer(32768)
+    model = build_model(
+        tokenizer, hidden_size=workload.hidden_size, num_layers=workload.num_layers, num_heads=workload.num_heads
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def reward_distinct(completions, **kwargs):
+    """A cheap reward that varies between completions: the fraction of distinct characters."""
+    return [len(set(c)) / max(1, len(c)) for c in completions]
+
+
+def config_values(output_dir: str, max_steps: int) -> dict:
+    """The GRPOConfig values both sides train with."""
+    return dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=COMPLETIONS_PER_STEP,
+        gradient_accumulation_steps=1,
+        num_generations=NUM_GENERATIONS,
+        max_completion_length=COMPLETION_LENGTH,
+        generation_kwargs={"min_new_tokens": COMPLETION_LENGTH},
+        beta=0.0,
+        loss_type="dapo",
+        learning_rate=1e-5,
+        max_steps=max_steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+        log_completions=False,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ instrumentation
+
+
+class PhaseTimer:
+    """Per-step phase times, filled by wrapped calls and a `TrainerCallback` that marks step boundaries."""
+
+    def __init__(self):
+        self.current = defaultdict(float)
+        self.steps: list[dict] = []
+        self.step_start = 0.0
+        self.backward_end = 0.0
+        self.completion_tokens = 0
+
+    def wrap(self, owner, attribute: str, phase: str, count_tokens=None):
+        original = getattr(owner, attribute)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            end = time.perf_counter()
+            self.current[phase] += end - start
+            if phase == "backward":
+                self.backward_end = end
+            if count_tokens is not None:
+                self.completion_tokens += count_tokens(result)
+            return result
+
+        setattr(owner, attribute, timed)
+        return timed
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class StepMarks(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                timer.current = defaultdict(float)
+                timer.completion_tokens = 0
+                timer.step_start = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                end = time.perf_counter()
+                phases = dict(timer.current)
+                phases["optimizer"] = end - timer.backward_end
+                step = end - timer.step_start
+                phases["other"] = step - sum(phases.get(p, 0.0) for p in PHASES if p != "other")
+                timer.steps.append({"step": step, "tokens": timer.completion_tokens, **phases})
+
+        return StepMarks()
+
+
+def reward_function(timer: PhaseTimer):
+    def reward(completions, **kwargs):
+        start = time.perf_counter()
+        values = reward_distinct(completions)
+        timer.current["rewards"] += time.perf_counter() - start
+        return values
+
+    reward.__name__ = "reward_distinct"
+    return reward
+
+
+def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
+    import grpokit.trainer as module
+
+    timer.wrap(trainer.generator, "generate", "generation", count_tokens=lambda ids: sum(map(len, ids)))
+    for name in ("score_tokens",):
+        if hasattr(module, name):
+            timer.wrap(module, name, "logprobs")
+    timer.wrap(trainer.accelerator, "backward", "backward")
+
+
+def instrument_trl(trainer, timer: PhaseTimer) -> None:
+    timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=lambda out: sum(map(len, out[0])))
+    timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprobs")
+    timer.wrap(trainer.accelerator, "backward", "backward")
+
+
+def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer: PhaseTimer):
+    if side == "grpokit":
+        from grpokit import GRPOConfig, GRPOTrainer
+    else:
+        from trl import GRPOConfig, GRPOTrainer
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_function(timer)],
+        args=GRPOConfig(**args_values),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    (instrument_grpokit if side == "grpokit" else instrument_trl)(trainer, timer)
+    trainer.add_callback(timer.callback())
+    return trainer
+
+
+def max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+
+def load(model_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # The generic class: AutoTokenizer would pick the model type's (Qwen2's byte-level pre-tokenizer).
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir, padding_side="left")
+    return model, tokenizer
+
+
+def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, steps: int) -> dict:
+    """One run: train `warmup + steps` steps; per-step phases, peak RSS over the baseline, E."""
+    import torch
+    from datasets import Dataset
+
+    torch.set_num_threads(THREADS)
+    model, tokenizer = load(model_dir)
+    dataset = Dataset.from_dict({"prompt": prompts_for(workload, (warmup + steps) * COMPLETIONS_PER_STEP)})
+    baseline = max_rss_mb()  # after imports and the model load
+
+    timer = PhaseTimer()
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make_trainer(side, model, tokenizer, dataset, config_values(out, warmup + steps), timer)
+        trainer.train()
+    peak = max_rss_mb()
+    measured = timer.steps[warmup:]
+    median = {key: statistics.median(s[key] for s in measured) for key in measured[0]}
+    groups = COMPLETIONS_PER_STEP // NUM_GENERATIONS
+    flops = step_flops(model.config.to_dict(), workload.prompt_tokens, COMPLETION_LENGTH, groups, NUM_GENERATIONS)
+    peak_flops = matmul_peak()
+    return {
+        "side": side,
+        "workload": workload.name,
+        "median": median,
+        "steps": measured,
+        "tokens_per_s": median["tokens"] / median["step"],
+        "peak_mb": peak - baseline,
+        "peak_total_mb": peak,
+        "baseline_mb": baseline,
+        "flops": flops,
+        "matmul_peak": peak_flops,
+        "efficiency": flops / peak_flops / median["step"],
+    }
+
+
+def logprobs_worker(side: str, model_dir: str, batch_file: str, out_file: str) -> None:
+    """Per-token log-probabilities of the batch in `batch_file` under the model, as the trainer computes them."""
+    import torch
+    from datasets import Dataset
+
+    torch.set_num_threads(THREADS)
+    model, tokenizer = load(model_dir)
+    batch = torch.load(batch_file)
+    with tempfile.TemporaryDirectory() as out:
+        values = config_values(out, 1)
+        timer = PhaseTimer()
+        trainer = make_trainer(side, model, tokenizer, Dataset.from_dict({"prompt": ["a"] * 8}), values, timer)
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logits_to_keep = batch["completion_ids"].size(1)
+        results = {}
+        with torch.no_grad():
+            if side == "trl":
+                results["trl"] = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, input_ids, attention_mask, logits_to_keep
+                )[0]
+            else:
+                results.update(grpokit_logprobs(trainer.model, batch))
+    torch.save(results, out_file)
+
+
+def grpokit_logprobs(model, batch) -> dict:
+    """grpokit's log-probabilities of `batch`, by each of its scoring paths."""
+    import torch
+
+    from grpokit.rollout.scoring import score_tokens
+
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits_to_keep = batch["completion_ids"].size(1)
+    return {"grpokit": score_tokens(model, input_ids, attention_mask, logits_to_keep).logps}
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+
+
+def cpu_busy_seconds() -> float:
+    """Seconds of CPU time all processes have used since boot (every core; from /proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_idle(threshold: float = 0.1, quiet_seconds: int = 5, timeout: float = 1800.0) -> None:
+    """Wait (at most `timeout` s) until other processes have used under `threshold` of one core in each of
+    `quiet_seconds` consecutive seconds: the workers use every core, and sharing them with another job distorts
+    timings badly (OpenMP threads spin)."""
+    deadline, quiet = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        before = cpu_busy_seconds()
+        time.sleep(1.0)
+        quiet = quiet + 1 if cpu_busy_seconds() - before < threshold else 0
+        if quiet >= quiet_seconds:
+            return
+    print("warning: the machine is still busy; timings will be noisy", file=sys.stderr)
+
+
+def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
+    """Run this script as a worker subprocess; rerun it (up to `retries` times) when other processes took more
+    than 5% of the machine's CPU meanwhile. The result carries that share as `contention`."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(THREADS),
+        "MKL_NUM_THREADS": str(THREADS),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    for attempt in range(retries + 1):
+        wait_until_idle()
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        start, busy = time.monotonic(), cpu_busy_seconds()
+        own = resource.getrusage(resource.RUSAGE_CHILDREN)
+        command = [python, os.path.abspath(__file__), *argv, "--out", out]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        child = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child_cpu = child.ru_utime + child.ru_stime - own.ru_utime - own.ru_stime
+        elapsed = time.monotonic() - start
+        contention = max(0.0, cpu_busy_seconds() - busy - child_cpu) / (elapsed * os.cpu_count())
+        if result.returncode != 0:
+            print(result.stdout[-2000:], result.stderr[-5000:], file=sys.stderr)
+            raise SystemExit(f"worker failed: {' '.join(argv)}")
+        with open(out) as f:
+            text = f.read()
+        os.unlink(out)
+        if contention <= 0.05 or attempt == retries:
+            if contention > 0.05:
+                print(f"warning: other processes used {contention:.0%} of the CPU during this run", file=sys.stderr)
+            return {**json.loads(text), "contention": contention} if text else None
+        print(f"other processes used {contention:.0%} of the CPU during the run; running it again", file=sys.stderr)
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over runs of each run's median step phases, tokens/s, peak memory and E."""
+    summary = {key: statistics.median(r["median"][key] for r in runs) for key in ("step", *PHASES)}
+    for key in ("tokens_per_s", "peak_mb", "peak_total_mb", "efficiency"):
+        summary[key] = statistics.median(r[key] for r in runs)
+    summary["matmul_peak_gflops"] = statistics.median(r["matmul_peak"] for r in runs) / 1e9
+    summary["flops_g"] = runs[0]["flops"] / 1e9
+    return summary
+
+
+def print_table(results: dict) -> None:
+    header = ["workload", "side", "step s", *[f"{p[:9]}" for p in PHASES], "tok/s", "peak MB", "total MB", "E"]
+    print(" | ".join(f"{h:>9}" for h in header))
+    for workload, sides in results.items():
+        for side, s in sides.items():
+            row = [workload, side, f"{s['step']:.3f}", *[f"{s[p]:.3f}" for p in PHASES]]
+            row += [
+                f"{s['tokens_per_s']:.0f}",
+                f"{s['peak_mb']:.0f}",
+                f"{s['peak_total_mb']:.0f}",
+                f"{s['efficiency']:.3f}",
+            ]
+            print(" | ".join(f"{v:>9}" for v in row))
+        if {"grpokit", "trl"} <= set(sides):
+            ours, theirs = sides["grpokit"], sides["trl"]
+            ratios = [f"{ours[k] / theirs[k]:.2f}" if theirs[k] > 0 else "-" for k in ("step", *PHASES)]
+            row = [workload, "ratio", *ratios, "", f"{ours['peak_mb'] / theirs['peak_mb']:.2f}"]
+            row += [f"{ours['peak_total_mb'] / theirs['peak_total_mb']:.2f}", ""]
+            print(" | ".join(f"{v:>9}" for v in row))
+    first = next(iter(next(iter(results.values())).values()))
+    print(
+        f"(matmul peak {first['matmul_peak_gflops']:.1f} GFLOP/s; ratio = grpokit / TRL; peak MB = peak RSS minus "
+        "the RSS after imports and model load)"
+    )
+
+
+def check_logprobs(trl_python: str, root: str) -> None:
+    import torch
+
+    for workload in (WORKLOADS["short"], WORKLOADS["vocab"]):
+        model_dir = build_model_dir(workload, root)
+        batch = random_batch(workload)
+        batch_file = os.path.join(root, f"{workload.name}-batch.pt")
+        torch.save(batch, batch_file)
+        results = {}
+        for side, python in (("grpokit", sys.executable), ("trl", trl_python)):
+            out = os.path.join(root, f"{workload.name}-{side}.pt")
+            run_worker(
+                python,
+                [
+                    "--worker",
+                    "logprobs",
+                    "--side",
+                    side,
+                    "--model-dir",
+                    model_dir,
+                    "--batch",
+                    batch_file,
+                    "--logprobs-out",
+                    out,
+                ],
+            )
+            results.update(torch.load(out))
+        mask = batch["completion_mask"].bool()
+        reference = results.pop("trl")
+        for name, logps in results.items():
+            diff = (logps - reference)[mask].abs().max().item()
+            print(f"{workload.name}: max |{name} - trl| log-probability difference over active tokens: {diff:.2e}")
+            if diff > 1e-5:
+                raise SystemExit("log-probabilities differ from TRL's by more than 1e-5")
+
+
+def random_batch(workload: Workload, seed: int = 0) -> dict:
+    """Groups of 8 completions of 4 prompts (two of them left-padded), completions right-padded, as a trainer builds."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    vocab = 100 if workload.vocab == "char" else 32768
+    prompt_len, groups = 24, 4
+    prompts = torch.randint(7, vocab, (groups, prompt_len), generator=generator)
+    prompt_mask = torch.ones(groups, prompt_len, dtype=torch.long)
+    prompt_mask[1, :5] = 0
+    prompt_mask[3, :11] = 0
+    prompts = prompts * prompt_mask  # pad id 0
+    rows = groups * NUM_GENERATIONS
+    completion_ids = torch.randint(7, vocab, (rows, COMPLETION_LENGTH), generator=generator)
+    lengths = torch.randint(1, COMPLETION_LENGTH + 1, (rows,), generator=generator)
+    completion_mask = (torch.arange(COMPLETION_LENGTH) < lengths.unsqueeze(1)).long()
+    return {
+        "prompt_ids": prompts.repeat_interleave(NUM_GENERATIONS, dim=0),
+        "prompt_mask": prompt_mask.repeat_interleave(NUM_GENERATIONS, dim=0),
+        "completion_ids": completion_ids * completion_mask,
+        "completion_mask": completion_mask,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="short,long,vocab")
+    parser.add_argument("--runs", type=int, default=3, help="runs per side, alternating")
+    parser.add_argument("--warmup", type=int, default=2, help="optimizer steps dropped at the start of each run")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps measured per run")
+    parser.add_argument("--compare-trl", action="store_true")
+    parser.add_argument("--check-logprobs", action="store_true")
+    parser.add_argument("--trl-python", default=sys.executable)
+    parser.add_argument("--save", help="write every run's figures to this JSON file")
+    # internal: one worker run
+    parser.add_argument("--worker", choices=["train", "logprobs"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", help=argparse.SUPPRESS)
+    parser.add_argument("--logprobs-out", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    cli = parser.parse_args()
+
+    if cli.worker == "train":
+        (name,) = cli.workloads.split(",")
+        result = train_worker(cli.side, WORKLOADS[name], cli.model_dir, cli.warmup, cli.steps)
+        with open(cli.out, "w") as f:
+            json.dump(result, f)
+        return
+    if cli.worker == "logprobs":
+        logprobs_worker(cli.side, cli.model_dir, cli.batch, cli.logprobs_out)
+        return
+
+    with tempfile.TemporaryDirectory() as root:
+        if cli.check_logprobs:
+            check_logprobs(cli.trl_python, root)
+            return
+        sides = [("grpokit", sys.executable)] + ([("trl", cli.trl_python)] if cli.compare_trl else [])
+        results, raw = {}, []
+        for name in cli.workloads.split(","):
+            model_dir = build_model_dir(WORKLOADS[name], root)
+            runs = defaultdict(list)
+            for _ in range(cli.runs):
+                for side, python in sides:
+                    argv = ["--worker", "train", "--side", side, "--workloads", name, "--model-dir", model_dir]
+                    argv += ["--warmup", str(cli.warmup), "--steps", str(cli.steps)]
+                    run = run_worker(python, argv)
+                    print(
+                        f"{name} {side}: step {run['median']['step']:.3f} s, peak +{run['peak_mb']:.0f} MB", flush=True
+                    )
+                    runs[side].append(run)
+                    raw.append(run)
+            results[name] = {side: summarise(r) for side, r in runs.items()}
+        print_table(results)
+        if cli.save:
+            with open(cli.save, "w") as f:
+                json.dump({"summary": results, "runs": raw}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
