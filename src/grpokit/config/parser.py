@@ -101,122 +101,51 @@ class TrlParser(HfArgumentParser):
     # ---- Resolution ----
 
     def resolve(self, args=None, *, allow_remaining=False) -> Resolution:
-        """Resolve every layer into instances; raise ConfigError with every problem found."""
+        """Resolve every layer into instances; raise ConfigError with every problem found.
+
+        Stages: read the YAML files, apply their `env:` sections, stack the layers (recipe, YAML, command line),
+        migrate renamed keys, coerce every value by its field's type, check the rules, build the dataclasses.
+        """
         args = list(sys.argv[1:] if args is None else args)
         if any(a in ("-h", "--help") for a in args):
             self.print_help()
             sys.exit(0)
         configs, recipe_flag, field_tokens = _split_meta_args(args)
         owners = self._owners()
-        problems: list[Problem] = []
-        warnings: list[str] = []
-        remaining: list[str] = []
-
-        yaml_layers = []
-        for path in configs:
-            try:
-                data, lines = load_yaml_file(path)
-            except ConfigError as exc:
-                problems += exc.problems
-                continue
-            yaml_layers.append((path, data, lines))
-        # The `env:` sections take effect before anything else is applied.
-        for path, data, lines in yaml_layers:
-            env = data.pop("env", None)
-            if env is None:
-                continue
-            if not isinstance(env, dict):
-                problems.append(
-                    Problem("env", "must be a mapping of VARIABLE: value", env, source=f"yaml:{path}:{lines['env']}")
-                )
-                continue
-            for key, value in env.items():
-                if isinstance(value, (dict, list)) or not isinstance(key, str):
-                    what = "must be a VARIABLE: value pair with a plain value (a string, number or boolean)"
-                    problems.append(Problem(f"env.{key}", what, value, source=f"yaml:{path}:{lines['env']}"))
-                    continue
-                text = str(value).lower() if isinstance(value, bool) else str(value)
-                os.environ[key] = "" if value is None else text
-
-        layers = []  # (source of a key -> str, mapping)
-        recipe_name, recipe_source = None, None
-        for path, data, _lines in yaml_layers:
-            if "recipe" in data and data["recipe"] is not None:
-                recipe_name, recipe_source = data["recipe"], f"yaml:{path}:{_lines['recipe']}"
-        if recipe_flag is not None:
-            recipe_name, recipe_source = recipe_flag, "cli"
-        if recipe_name is not None and not isinstance(recipe_name, str):
-            if "recipe" not in owners:  # otherwise the type check of the `recipe` field reports it
-                what = "must be a recipe name (a string)"
-                problems.append(Problem("recipe", what, recipe_name, source=recipe_source))
-            recipe_name = None
-        if recipe_name is not None:
-            try:
-                recipe_values = load_recipe(str(recipe_name))
-                # A recipe may set keys of dataclasses this parser was not given (e.g. reward_funcs): skip those.
-                recipe_values = {k: v for k, v in recipe_values.items() if k in owners}
-                layers.append((lambda key, n=recipe_name: f"recipe:{n}", recipe_values))
-            except ConfigError as exc:
-                problems += [dataclasses.replace(p, source=recipe_source) for p in exc.problems]
-        for path, data, lines in yaml_layers:
-            layers.append((lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data))
+        report = _Report()
+        yaml_layers = _read_yaml_files(configs, report)
+        _apply_env_sections(yaml_layers, report)
+        layers = _recipe_layers(yaml_layers, recipe_flag, owners, report)
+        layers[1:1] = [
+            (lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data) for path, data, lines in yaml_layers
+        ]  # after the recipe, before the command line
         cli_values, cli_problems, cli_remaining = self._cli_mapping(field_tokens, owners, allow_remaining)
-        problems += cli_problems
-        remaining += cli_remaining
-        layers.append((lambda key: "cli", cli_values))
-        if recipe_name is not None and "recipe" in owners:
-            layers.append((lambda key: recipe_source, {"recipe": recipe_name}))
-
-        raw: dict[str, tuple[Any, str]] = {}
-        for source_of, mapping in layers:
-            for key, value in mapping.items():
-                source = source_of(key)
-                if key in RENAMED_KEYS:
-                    new, why = RENAMED_KEYS[key]
-                    if new is None:
-                        warnings.append(f"{key} ({source}) is {why}")
-                        continue
-                    warnings.append(f"{key} ({source}) is deprecated, {why}: use {new}")
-                    if key == "warmup_ratio" and (_as_number(value) or 0) >= 1:
-                        what = "must be < 1 to carry over to warmup_steps (where 1 or more is a number of steps)"
-                        hint = "set warmup_steps to a number of steps"
-                        problems.append(Problem(key, what, value, hint, source=source))
-                        continue
-                    key, source = new, f"migrated:{key}"
-                if key == "scale_rewards" and legacy_scale_rewards(value) is not None:
-                    warnings.append(
-                        f"scale_rewards: {value} ({source}) is a legacy spelling of {legacy_scale_rewards(value)!r}"
-                    )
-                    value = legacy_scale_rewards(value)
-                if key not in owners:
-                    if allow_remaining and source != "cli":
-                        remaining += [f"--{key}", str(value)]
-                        continue
-                    near = closest(key, list(owners) + ["env", "recipe"])
-                    problems.append(
-                        Problem(key, "unknown key", hint=f"did you mean {near!r}?" if near else None, source=source)
-                    )
-                    continue
-                raw[key] = (value, source)
+        report.problems += cli_problems
+        report.remaining += cli_remaining
+        layers.insert(1 + len(yaml_layers), (lambda key: "cli", cli_values))
+        raw = _merge_layers(layers, owners, allow_remaining, report)
 
         values, sources = self._field_defaults()
-        for key, (value, source) in raw.items():
-            dtype, f = owners[key]
-            sources[key] = source
-            try:
-                if key == "datasets":
-                    values[key] = _coerce_datasets(value)
-                else:
-                    values[key] = coerce(value, field_types(dtype)[key], mapping_items=f.name in MAPPING_ITEM_FIELDS)
-            except CoercionError as exc:
-                hint = f"did you mean {exc.suggestion!r}?" if exc.suggestion is not None else None
-                problems.append(Problem(key, str(exc), hint=hint, source=source))
-                values.pop(key, None)
+        _coerce_into(raw, owners, values, sources, report)
+        report.problems += self._rules(values, sources, raw)
+        report.raise_if_any(sources)
+        instances = self._instantiate(values, sources, report)
+        report.raise_if_any(sources)
 
-        problems += self._rules(values, sources, raw)
-        if problems:
-            raise ConfigError(_dedupe(problems))
+        shown = _with_derived(instances, values, sources)
+        resolution = Resolution(
+            instances,
+            {k: plain(v) for k, v in shown.items()},
+            sources,
+            report.warnings,
+            machine_notes(shown),
+            report.remaining,
+        )
+        self.resolution = resolution
+        return resolution
 
+    def _instantiate(self, values, sources, report) -> list:
+        """Build each dataclass from the resolved values (the recipe is already applied: LAYERS_APPLIED)."""
         instances = []
         token = LAYERS_APPLIED.set(True)
         try:
@@ -225,33 +154,15 @@ class TrlParser(HfArgumentParser):
                 try:
                     instances.append(dtype(**kwargs))
                 except ConfigError as exc:
-                    problems += exc.problems
+                    report.problems += exc.problems
                 except Exception as exc:  # transformers' own checks: ValueError, or e.g. OSError for a JSON path
                     message = " ".join(str(exc).split())
                     if not isinstance(exc, (ValueError, TypeError)):
                         message = f"{type(exc).__name__}: {message}"
-                    problems.append(_blame(dtype, message, values, sources))
+                    report.problems.append(_blame(dtype, message, values, sources))
         finally:
             LAYERS_APPLIED.reset(token)
-        if problems:
-            raise ConfigError(_dedupe([_with_source(p, sources) for p in problems]))
-
-        shown = dict(values)
-        for instance in instances:
-            for name in DERIVED_FIELDS:
-                if hasattr(instance, name) and name in shown:
-                    final = plain(getattr(instance, name))
-                    if final != plain(shown[name]):
-                        shown[name] = final
-                        # A value the user gave and the dataclass normalised (['all-linear'] -> 'all-linear',
-                        # 'auto' -> null) keeps its source, so that `config show --format yaml` still writes it.
-                        if sources.get(name, "default") == "default":
-                            sources[name] = "derived"
-        resolution = Resolution(
-            instances, {k: plain(v) for k, v in shown.items()}, sources, warnings, machine_notes(shown), remaining
-        )
-        self.resolution = resolution
-        return resolution
+        return instances
 
     # ---- helpers ----
 
@@ -356,6 +267,149 @@ class TrlParser(HfArgumentParser):
             if any(issubclass(t, GRPOScriptArguments) for t in self.dataclass_types):
                 problems += reward_problems(values)
         return [_with_source(p, sources) for p in problems]
+
+
+@dataclass
+class _Report:
+    """What the stages of a resolution found: problems (all reported together), warnings, unknown arguments."""
+
+    problems: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    remaining: list = field(default_factory=list)
+
+    def raise_if_any(self, sources) -> None:
+        if self.problems:
+            raise ConfigError(_dedupe([_with_source(p, sources) for p in self.problems]))
+
+
+def _read_yaml_files(paths, report) -> list[tuple[str, dict, dict]]:
+    """(path, top-level mapping, key lines) of each readable YAML file; problems for the others."""
+    layers = []
+    for path in paths:
+        try:
+            data, lines = load_yaml_file(path)
+        except ConfigError as exc:
+            report.problems += exc.problems
+            continue
+        layers.append((path, data, lines))
+    return layers
+
+
+def _apply_env_sections(yaml_layers, report) -> None:
+    """Set the variables of every `env:` section (as strings) before anything else is applied."""
+    for path, data, lines in yaml_layers:
+        env = data.pop("env", None)
+        if env is None:
+            continue
+        source = f"yaml:{path}:{lines['env']}"
+        if not isinstance(env, dict):
+            report.problems.append(Problem("env", "must be a mapping of VARIABLE: value", env, source=source))
+            continue
+        for key, value in env.items():
+            if isinstance(value, (dict, list)) or not isinstance(key, str):
+                what = "must be a VARIABLE: value pair with a plain value (a string, number or boolean)"
+                report.problems.append(Problem(f"env.{key}", what, value, source=source))
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            os.environ[key] = "" if value is None else text
+
+
+def _recipe_layers(yaml_layers, recipe_flag, owners, report) -> list:
+    """[recipe layer, recipe-name layer]: the recipe's values lowest, the `recipe` key itself with its source last.
+    The command line's --recipe wins over a YAML `recipe:`, a later file over an earlier one."""
+    name, source = None, None
+    for path, data, lines in yaml_layers:
+        if data.get("recipe") is not None:
+            name, source = data["recipe"], f"yaml:{path}:{lines['recipe']}"
+    if recipe_flag is not None:
+        name, source = recipe_flag, "cli"
+    values_layer, name_layer = (lambda key: "default", {}), (lambda key: source, {})
+    if name is not None and not isinstance(name, str):
+        if "recipe" not in owners:  # otherwise the type check of the `recipe` field reports it
+            report.problems.append(Problem("recipe", "must be a recipe name (a string)", name, source=source))
+        return [values_layer, name_layer]
+    if name is not None:
+        try:
+            # A recipe may set keys of dataclasses this parser was not given (e.g. reward_funcs): those are skipped.
+            values = {k: v for k, v in load_recipe(name).items() if k in owners}
+            values_layer = (lambda key: f"recipe:{name}", values)
+        except ConfigError as exc:
+            report.problems += [dataclasses.replace(p, source=source) for p in exc.problems]
+        if "recipe" in owners:
+            name_layer = (lambda key: source, {"recipe": name})
+    return [values_layer, name_layer]
+
+
+def _merge_layers(layers, owners, allow_remaining, report) -> dict[str, tuple[Any, str]]:
+    """{field: (raw value, source)} from the layers, lowest first; renamed keys migrated, unknown keys reported."""
+    raw: dict[str, tuple[Any, str]] = {}
+    for source_of, mapping in layers:
+        for key, value in mapping.items():
+            key, value, source = _migrate(key, value, source_of(key), report)
+            if key is None:
+                continue
+            if key not in owners:
+                if allow_remaining and source != "cli":
+                    report.remaining += [f"--{key}", str(value)]
+                    continue
+                near = closest(key, list(owners) + ["env", "recipe"])
+                hint = f"did you mean {near!r}?" if near else None
+                report.problems.append(Problem(key, "unknown key", hint=hint, source=source))
+                continue
+            raw[key] = (value, source)
+    return raw
+
+
+def _migrate(key, value, source, report):
+    """(key, value, source) after the migrations table; key None when the key is dropped."""
+    if key in RENAMED_KEYS:
+        new, why = RENAMED_KEYS[key]
+        if new is None:
+            report.warnings.append(f"{key} ({source}) is {why}")
+            return None, value, source
+        report.warnings.append(f"{key} ({source}) is deprecated, {why}: use {new}")
+        if key == "warmup_ratio" and (_as_number(value) or 0) >= 1:
+            what = "must be < 1 to carry over to warmup_steps (where 1 or more is a number of steps)"
+            report.problems.append(Problem(key, what, value, "set warmup_steps to a number of steps", source=source))
+            return None, value, source
+        key, source = new, f"migrated:{key}"
+    if key == "scale_rewards" and legacy_scale_rewards(value) is not None:
+        new_value = legacy_scale_rewards(value)
+        report.warnings.append(f"scale_rewards: {value} ({source}) is a legacy spelling of {new_value!r}")
+        value = new_value
+    return key, value, source
+
+
+def _coerce_into(raw, owners, values, sources, report) -> None:
+    """Coerce each raw value by its field's type into `values`, recording its source."""
+    for key, (value, source) in raw.items():
+        dtype, f = owners[key]
+        sources[key] = source
+        try:
+            if key == "datasets":
+                values[key] = _coerce_datasets(value)
+            else:
+                values[key] = coerce(value, field_types(dtype)[key], mapping_items=f.name in MAPPING_ITEM_FIELDS)
+        except CoercionError as exc:
+            hint = f"did you mean {exc.suggestion!r}?" if exc.suggestion is not None else None
+            report.problems.append(Problem(key, str(exc), hint=hint, source=source))
+            values.pop(key, None)
+
+
+def _with_derived(instances, values, sources) -> dict:
+    """The values to show: those the dataclasses derive (DERIVED_FIELDS) are read back from the instances."""
+    shown = dict(values)
+    for instance in instances:
+        for name in DERIVED_FIELDS:
+            if hasattr(instance, name) and name in shown:
+                final = plain(getattr(instance, name))
+                if final != plain(shown[name]):
+                    shown[name] = final
+                    # A value the user gave and the dataclass normalised (['all-linear'] -> 'all-linear',
+                    # 'auto' -> null) keeps its source, so that `config show --format yaml` still writes it.
+                    if sources.get(name, "default") == "default":
+                        sources[name] = "derived"
+    return shown
 
 
 def reward_defaults(values) -> dict:
