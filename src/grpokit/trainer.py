@@ -375,7 +375,8 @@ class GRPOTrainer(Trainer):
                 torch.cat([inputs["prompt_mask"], mask], dim=1),
                 mask.size(1),
                 temperature=args.temperature,
-                compute_entropy=True,
+                compute_entropy=True,  # logged; with a gradient only for the entropy bonus
+                entropy_grad=self._entropy_control.enabled,
                 compute_aux_loss=self.aux_loss_enabled,
             )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each

@@ -34,3 +34,127 @@ def token_logps_and_entropy(
     probs = log_probs.exp()
     entropies = -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)  # (B, T)
     return logps, entropies
+
+
+# Logits (rows x vocabulary) one chunk of `linear_token_logps` holds at once, in float32: 2**22 floats = 16 MiB.
+LOGITS_PER_CHUNK = 2**22
+ENTROPY_MODES = ("none", "detached", "grad")
+
+
+def linear_token_logps(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    entropy: str = "none",
+    logits_per_chunk: int = LOGITS_PER_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    """`token_logps_and_entropy` of the logits `hidden @ weight.T + bias`, without ever holding them all.
+
+    The LM head and the log-softmax run together over chunks of rows (at most `logits_per_chunk` logits each). The
+    backward pass recomputes each chunk's logits instead of keeping them, so memory holds one chunk of logits plus
+    `hidden`, whatever the number of rows or the vocabulary.
+
+    Args:
+        hidden: `(N, d)` final hidden states, one row per scored token.
+        weight: `(V, d)` the LM head; bias: `(V,)` or None.
+        labels: `(N,)` the token each row predicts.
+        temperature: the logits are divided by it.
+        entropy: "none" (not computed), "detached" (computed, without gradient: for logging and masks) or "grad".
+
+    Returns:
+        `logps` `(N,)` float32 with gradient, and `entropies` `(N,)` float32 or None.
+    """
+    if entropy not in ENTROPY_MODES:
+        raise ValueError(f"entropy={entropy!r}: expected one of {ENTROPY_MODES}")
+    rows = max(1, logits_per_chunk // weight.size(0))
+    logps, entropies = _LinearLogSoftmax.apply(hidden, weight, bias, labels, temperature, entropy, rows)
+    return logps, (None if entropy == "none" else entropies)
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head)."""
+    logits = hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())
+    return logits.float() / temperature
+
+
+class _LinearLogSoftmax(torch.autograd.Function):
+    """Forward: per chunk, logits -> log-sum-exp -> label log-probability (and entropy). Backward: per chunk,
+    recomputed logits -> d(loss)/d(logits) -> gradients of `hidden`, `weight` and `bias`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, entropy, rows):
+        ctx.set_materialize_grads(False)
+        n = hidden.size(0)
+        logps = hidden.new_empty(n, dtype=torch.float32)
+        log_norms = hidden.new_empty(n, dtype=torch.float32)  # log-sum-exp of each row's tempered logits
+        entropies = hidden.new_zeros(n if entropy != "none" else 0, dtype=torch.float32)
+        for start in range(0, n, rows):
+            chunk = slice(start, start + rows)
+            logits = _chunk_logits(hidden[chunk], weight, bias, temperature)  # (n, V)
+            log_norms[chunk] = torch.logsumexp(logits, dim=-1)
+            log_probs = logits.sub_(log_norms[chunk].unsqueeze(-1))  # in place: the logits are not needed after
+            logps[chunk] = log_probs.gather(-1, labels[chunk].unsqueeze(-1)).squeeze(-1)
+            if entropy != "none":
+                entropies[chunk] = _entropy(log_probs)
+            del logits, log_probs
+        ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies)
+        ctx.temperature, ctx.rows = temperature, rows
+        if entropy != "grad":
+            ctx.mark_non_differentiable(entropies)
+        return logps, entropies
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropies):
+        hidden, weight, bias, labels, log_norms, entropies = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for start in range(0, hidden.size(0), ctx.rows):
+            chunk = slice(start, start + ctx.rows)
+            grad_logits = (
+                _chunk_grad_logits(
+                    _chunk_logits(hidden[chunk], weight, bias, ctx.temperature),
+                    labels[chunk],
+                    log_norms[chunk],
+                    entropies[chunk] if grad_entropies is not None else None,
+                    None if grad_logps is None else grad_logps[chunk],
+                    None if grad_entropies is None else grad_entropies[chunk],
+                )
+                / ctx.temperature
+            )  # (n, V) float32: d(loss)/d(untempered logits)
+            if need_hidden:
+                grad_hidden[chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_weight:
+                grad_weight += grad_logits.t() @ hidden[chunk].float()
+            if need_bias:
+                grad_bias += grad_logits.sum(0)
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _entropy(log_probs: Tensor) -> Tensor:
+    """`-sum p log p` over the last dimension (0 log 0 = 0)."""
+    probs = log_probs.exp()
+    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
+
+
+def _chunk_grad_logits(logits, labels, log_norms, entropies, grad_logps, grad_entropies) -> Tensor:
+    """d(loss)/d(logits) `(n, V)` of one chunk, given the upstream gradients of its log-probabilities and entropies.
+
+    d log p_label / d z_j = 1[j = label] - p_j;   d H / d z_j = -p_j (log p_j + H).
+    """
+    log_probs = logits - log_norms.unsqueeze(-1)
+    probs = torch.exp(log_probs)
+    grad = torch.zeros_like(logits)
+    if grad_logps is not None:
+        grad -= grad_logps.unsqueeze(-1) * probs
+        grad.scatter_add_(-1, labels.unsqueeze(-1), grad_logps.unsqueeze(-1))
+    if grad_entropies is not None:
+        log_probs = log_probs.masked_fill(probs == 0, 0.0)
+        grad -= grad_entropies.unsqueeze(-1) * probs * (log_probs + entropies.unsqueeze(-1))
+    return grad

@@ -103,6 +103,11 @@ class GenerationBackend(Protocol):
 class TransformersGenerator:
     """Generation with `model.generate` on left-padded prompts.
 
+    With `share_prefix`, `generate` runs grpokit's decoding loop (`grpokit.rollout.decoding`): each distinct prompt
+    is prefilled once and finished rows leave the decode batch. Every generation setting is still honoured by
+    `generate`'s own preparation; where the loop cannot follow one (beam search, a static cache, ...), or the model is
+    not a standard transformers causal LM, plain `generate` runs instead.
+
     Args:
         model_context: a callable returning a context manager that yields the model to generate with (the trainer
             unwraps it from DDP and switches gradient checkpointing off meanwhile); or a plain model.
@@ -111,6 +116,7 @@ class TransformersGenerator:
         eos_token_ids: every id that ends a completion.
         pad_to_multiple_of: round the padded prompt length up to this multiple.
         device: where the prompt tensors go; default the model's device.
+        share_prefix: use the shared-prefix decoding loop where possible.
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class TransformersGenerator:
         eos_token_ids: Sequence[int],
         pad_to_multiple_of: int | None = None,
         device: torch.device | str | None = None,
+        share_prefix: bool = True,
     ):
         self.model_context = model_context
         self.generation_config = generation_config
@@ -129,6 +136,7 @@ class TransformersGenerator:
         self.eos_token_ids = list(eos_token_ids)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.device = device
+        self.share_prefix = share_prefix
 
     def _context(self) -> AbstractContextManager:
         if isinstance(self.model_context, torch.nn.Module):
@@ -145,10 +153,32 @@ class TransformersGenerator:
         )
         with self._context() as model:
             device = self.device if self.device is not None else model.device
-            output = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                generation_config=self.generation_config,
-            )
+            inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+            output = self._generate(model, inputs)
         completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
         return [cut_after_eos(ids, self.eos_token_ids) for ids in completions]
+
+    def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
+        if self.share_prefix and _standard_causal_lm(model):
+            from .decoding import Unsupported, shared_prefix_decoding
+
+            try:
+                return model.generate(
+                    **inputs, generation_config=self.generation_config, custom_generate=shared_prefix_decoding
+                )
+            except Unsupported:  # raised before any model call: nothing to undo
+                pass
+        return model.generate(**inputs, generation_config=self.generation_config)
+
+
+def _standard_causal_lm(model) -> bool:
+    """A transformers decoder-only LM (possibly under a LoRA-style PEFT adapter) that `generate` can run our loop on."""
+    from transformers import PreTrainedModel
+
+    from .models import is_peft_model
+
+    if is_peft_model(model):
+        if model.peft_config[model.active_adapter].is_prompt_learning:
+            return False
+        model = model.get_base_model()
+    return isinstance(model, PreTrainedModel) and not model.config.is_encoder_decoder

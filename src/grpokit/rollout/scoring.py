@@ -1,9 +1,15 @@
 """Scoring completions with a causal LM: per-token log-probabilities (and entropies) of the completion tokens.
 
-Memory: only the completion positions' logits are computed (`logits_to_keep`); the model runs on `chunk_size` rows
-at a time; and the float32 softmax arithmetic runs on slices of at most `FLOAT32_BUDGET` logits. When gradients are
-needed that arithmetic is checkpointed: backward keeps the logits (in the model's dtype) and recomputes the float32
-tensors one slice at a time, so no float32 `(rows, completion length, vocab)` tensor ever spans the whole batch.
+Two passes compute the same numbers. The shared-prefix pass (`grpokit.rollout.prefix`) runs each distinct prompt
+once and fuses the LM head with the log-softmax in chunks; it serves standard transformers causal LMs. The plain pass
+runs the model on every row and serves everything else (wrapped models, prompt-learning PEFT, activation
+checkpointing, MoE router losses, models whose logits are not `lm_head(hidden state)`).
+
+Memory in the plain pass: only the completion positions' logits are computed (`logits_to_keep`); the model runs on
+`chunk_size` rows at a time; and the float32 softmax arithmetic runs on slices of at most `FLOAT32_BUDGET` logits.
+When gradients are needed that arithmetic is checkpointed: backward keeps the logits (in the model's dtype) and
+recomputes the float32 tensors one slice at a time, so no float32 `(rows, completion length, vocab)` tensor ever
+spans the whole batch.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from grpokit.algorithms.logprobs import token_logps_and_entropy
+
+from .prefix import score_shared_prefix, shared_prefix_model
 
 # Logits (rows x positions x vocab) turned into float32 at once: 2**28 floats = 1 GiB.
 FLOAT32_BUDGET = 2**28
@@ -37,7 +45,9 @@ def score_tokens(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     compute_entropy: bool = False,
+    entropy_grad: bool = True,
     compute_aux_loss: bool = False,
+    share_prefix: bool = True,
 ) -> TokenScores:
     """Log-probabilities of the last `logits_to_keep` tokens of each row under `model`.
 
@@ -49,39 +59,58 @@ def score_tokens(
         temperature: the sampling temperature (logits are divided by it, as when sampling).
         chunk_size: rows per forward pass; default all rows at once.
         compute_entropy: also return the entropy of each completion position.
-        compute_aux_loss: ask a Mixture-of-Experts model for its router load-balancing loss.
+        entropy_grad: whether the entropies need a gradient (an entropy bonus); without, they are computed outside
+            the autograd graph (logging, entropy masks).
+        compute_aux_loss: ask a Mixture-of-Experts model for its router load-balancing loss (plain pass).
+        share_prefix: use the shared-prefix pass where the model allows it.
 
     Returns:
-        `TokenScores` with `(B, C)` float32 tensors; gradients flow unless called under `torch.no_grad()`.
+        `TokenScores` with `(B, C)` float32 tensors; gradients flow unless called under `torch.no_grad()`. Positions
+        where the completion is padding hold arbitrary values (0 in the shared-prefix pass).
     """
+    lm = shared_prefix_model(model) if share_prefix and not compute_aux_loss else None
     chunk_size = chunk_size or input_ids.size(0)
-    labels = input_ids[:, -logits_to_keep:]  # (B, C)
+    entropy = "none" if not compute_entropy else "grad" if entropy_grad else "detached"
     logps, entropies, aux_losses = [], [], []
     for start in range(0, input_ids.size(0), chunk_size):
         rows = slice(start, start + chunk_size)
-        extra = {"output_router_logits": True} if compute_aux_loss else {}
-        # One more logit than completion tokens: position t predicts token t + 1, so the logits that predict the C
-        # completion tokens are those of the C positions before the last one.
-        outputs = model(
-            input_ids=input_ids[rows],
-            attention_mask=attention_mask[rows],
-            logits_to_keep=logits_to_keep + 1,
-            use_cache=False,
-            **extra,
-        )
-        logits = outputs.logits[:, :-1]  # (rows, C, V), in the model's dtype
-        chunk_logps, chunk_entropies = _logps_in_slices(logits, labels[rows], temperature, compute_entropy)
-        logps.append(chunk_logps)
-        if compute_entropy:
-            entropies.append(chunk_entropies)
-        if compute_aux_loss:
-            aux_losses.append(outputs.aux_loss)
-        del outputs, logits
+        if lm is not None:
+            chunk = score_shared_prefix(
+                lm, input_ids[rows], attention_mask[rows], logits_to_keep, temperature=temperature, entropy=entropy
+            )
+        else:
+            chunk = _score_plain(
+                model, input_ids[rows], attention_mask[rows], logits_to_keep, temperature, entropy, compute_aux_loss
+            )
+        logps.append(chunk[0])
+        entropies.append(chunk[1])
+        aux_losses.append(chunk[2] if len(chunk) > 2 else None)
     return TokenScores(
         logps=torch.cat(logps),
         entropies=torch.cat(entropies) if compute_entropy else None,
         aux_loss=torch.stack(aux_losses).mean() if compute_aux_loss else None,
     )
+
+
+def _score_plain(model, input_ids, attention_mask, logits_to_keep, temperature, entropy, compute_aux_loss):
+    """`(logps, entropies or None, aux_loss or None)` of one chunk of rows by the model's own forward pass."""
+    extra = {"output_router_logits": True} if compute_aux_loss else {}
+    # One more logit than completion tokens: position t predicts token t + 1, so the logits that predict the C
+    # completion tokens are those of the C positions before the last one.
+    outputs = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logits_to_keep=logits_to_keep + 1,
+        use_cache=False,
+        **extra,
+    )
+    logits = outputs.logits[:, -logits_to_keep - 1 : -1]  # (rows, C, V), in the model's dtype
+    labels = input_ids[:, -logits_to_keep:]
+    logps, entropies = _logps_in_slices(logits, labels, temperature, entropy == "grad")
+    if entropy == "detached":
+        with torch.no_grad():
+            entropies = _logps_in_slices(logits.detach(), labels, temperature, True)[1]
+    return logps, entropies, outputs.aux_loss if compute_aux_loss else None
 
 
 def _logps_in_slices(logits: Tensor, labels: Tensor, temperature: float, compute_entropy: bool):

@@ -1,0 +1,273 @@
+"""A decoding loop for GRPO's batches, run by transformers' `generate` as its `custom_generate` callable.
+
+GRPO generates `num_generations` completions of each prompt. `generate` would run the prompt through the model once
+per completion; this loop runs each distinct prompt once (the prefill), copies its KV cache to the rows that share
+it, and decodes all rows together. Rows that finish (EOS, or any stopping criterion) leave the decode batch, so they
+stop costing work. The KV cache lives in preallocated buffers, so a decode step writes one position instead of
+concatenating the whole cache. On CPU, the linear layers use a matrix product that suits a few rows better.
+
+`generate` still does everything else: merging the generation config with the model's, the logits processors
+(temperature, top-k/p, min-p, repetition penalty, min_new_tokens, ...), the stopping criteria, the position ids. So
+every generation setting is honoured exactly as by `generate`; settings this loop cannot follow (beams, contrastive
+search, a static/offloaded/quantized cache, a cache with sliding-window or linear-attention layers) raise
+`Unsupported` before any model call, and the caller falls back to plain `generate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from .prefix import prompt_groups
+
+
+class Unsupported(Exception):
+    """This generation cannot run in the shared-prefix loop; use plain `generate`."""
+
+
+def shared_prefix_decoding(model, input_ids: Tensor, logits_processor, stopping_criteria, generation_config, **kw):
+    """The decoding loop `generate(custom_generate=...)` calls: sampling or greedy decoding of `input_ids` `(B, P)`
+    (left-padded), each distinct prompt prefilled once. Returns `(B, P + T)` ids, padding after each row's end."""
+    _check_supported(generation_config, kw)
+    attention_mask = kw.get("attention_mask")  # (B, P), None when no row is padded
+    position_ids = kw["position_ids"]  # (B, P): 0-based among each row's real tokens (padding: 0)
+    unique_index, inverse = prompt_groups(input_ids, attention_mask)  # (G,), (B,)
+    max_new = generation_config.max_length - input_ids.size(1)
+    with small_batch_linears(model):
+        prefill = model(
+            input_ids=input_ids[unique_index],
+            attention_mask=None if attention_mask is None else attention_mask[unique_index],
+            position_ids=position_ids[unique_index],
+            past_key_values=kw["past_key_values"],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = BufferedCache.expanded(kw["past_key_values"], inverse, capacity=input_ids.size(1) + max_new)
+        state = _DecodeState(input_ids, attention_mask, position_ids[:, -1], cache, _pad_id(generation_config))
+        logits = prefill.logits[inverse, -1]  # (B, V)
+        del prefill
+        while True:
+            scores = logits_processor(state.sequences, logits.to(dtype=torch.float32, copy=True))  # (n, V)
+            next_tokens = sample(scores) if generation_config.do_sample else torch.argmax(scores, dim=-1)
+            state.append(next_tokens)
+            if not state.stop(stopping_criteria(state.sequences, scores)):
+                break
+            logits = model(**state.model_inputs(), use_cache=True).logits[:, -1]
+    return state.output()
+
+
+def sample(scores: Tensor) -> Tensor:
+    """One token per row from `softmax(scores)` `(n, V)`, by inverting the cumulative distribution at a uniform draw.
+
+    The same distribution as `torch.multinomial` (what `generate` uses), for one random number per row instead of
+    one per vocabulary entry: with a 32k vocabulary, multinomial's random numbers cost more than the model's step.
+    """
+    cdf = nn.functional.softmax(scores, dim=-1).cumsum_(dim=-1)  # (n, V)
+    draws = torch.rand(cdf.size(0), 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]  # (n, 1) in [0, total)
+    return torch.searchsorted(cdf, draws, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+
+
+def _pad_id(generation_config) -> int:
+    pad = getattr(generation_config, "_pad_token_tensor", None)
+    if pad is None:
+        pad = generation_config.pad_token_id
+    return 0 if pad is None else int(pad)
+
+
+def _check_supported(generation_config, kw) -> None:
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+    from transformers.generation.configuration_utils import GenerationMode
+
+    if generation_config.get_generation_mode() not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
+        raise Unsupported(f"generation mode {generation_config.get_generation_mode()}")
+    cache = kw.get("past_key_values")
+    if not kw.get("use_cache", True) or type(cache) is not DynamicCache or cache.get_seq_length() != 0:
+        raise Unsupported("needs an empty DynamicCache")
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise Unsupported("a cache layer that is not a plain DynamicLayer (sliding window, linear attention)")
+    if kw.get("position_ids") is None or generation_config.max_length is None:
+        raise Unsupported("no position ids or maximum length")
+    known = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+    if set(kw) - known:
+        raise Unsupported(f"model inputs {sorted(set(kw) - known)}")
+
+
+class _DecodeState:
+    """The rows still in the decode batch (their sequences, KV cache, masks, positions) and every row's tokens."""
+
+    def __init__(self, input_ids: Tensor, attention_mask: Tensor | None, last_positions: Tensor, cache, pad_id: int):
+        self.prompt_ids = input_ids  # (B, P)
+        self.pad_id = pad_id
+        self.rows = torch.arange(input_ids.size(0), device=input_ids.device)  # (n,) original row of each batch row
+        self.sequences = input_ids  # (n, P + t) prompt and tokens so far
+        self.attention_mask = attention_mask  # (n, P + t) or None (no padding anywhere)
+        self.positions = last_positions  # (n,) position of each row's last token
+        self.cache = cache
+        self.finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)  # (n,)
+        self.steps: list[tuple[Tensor, Tensor]] = []  # per step: (original rows still unfinished, their tokens)
+
+    def append(self, next_tokens: Tensor) -> None:
+        """Add this step's tokens (padding for rows already finished, as `generate` does)."""
+        next_tokens = next_tokens.masked_fill(self.finished, self.pad_id)
+        self.steps.append((self.rows[~self.finished], next_tokens[~self.finished]))
+        self.sequences = torch.cat([self.sequences, next_tokens[:, None]], dim=1)
+        self.next_tokens = next_tokens
+
+    def stop(self, done: Tensor) -> bool:
+        """Mark rows the stopping criteria ended; drop finished rows from the batch once they are an eighth of it.
+        False when every row is done."""
+        self.finished = self.finished | done
+        if bool(self.finished.all()):
+            return False
+        if self.attention_mask is not None:
+            self.attention_mask = nn.functional.pad(self.attention_mask, (0, 1), value=1)
+        self.positions = self.positions + 1
+        if int(self.finished.sum()) * 8 >= self.finished.numel():
+            self._select((~self.finished).nonzero().squeeze(1))
+        return True
+
+    def _select(self, index: Tensor) -> None:
+        self.rows, self.sequences, self.positions = self.rows[index], self.sequences[index], self.positions[index]
+        self.next_tokens, self.finished = self.next_tokens[index], self.finished[index]
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask[index]
+        self.cache.batch_select_indices(index)
+
+    def model_inputs(self) -> dict:
+        return {
+            "input_ids": self.next_tokens[:, None],
+            "attention_mask": self.attention_mask,
+            "position_ids": self.positions[:, None],
+            "past_key_values": self.cache,
+        }
+
+    def output(self) -> Tensor:
+        """`(B, P + T)`: the prompts, then each row's tokens, padding after the row's end."""
+        prompt_ids = self.prompt_ids
+        completions = prompt_ids.new_full((prompt_ids.size(0), len(self.steps)), self.pad_id)
+        for step, (rows, tokens) in enumerate(self.steps):
+            completions[rows, step] = tokens
+        return torch.cat([prompt_ids, completions], dim=1)
+
+
+# ------------------------------------------------------------------------------------------------ the KV cache
+
+
+def _buffered_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        """A `DynamicLayer` whose keys and values `(B, H, length, D)` are views of `(B, H, capacity, D)` buffers:
+        appending writes in place instead of concatenating the whole cache."""
+
+        def __init__(self, keys: Tensor, values: Tensor, capacity: int):
+            super().__init__()
+            self.dtype, self.device = keys.dtype, keys.device
+            self.length = 0
+            self.key_buffer = keys.new_empty(*keys.shape[:2], max(capacity, keys.size(2)), keys.size(3))
+            self.value_buffer = values.new_empty(*values.shape[:2], self.key_buffer.size(2), values.size(3))
+            self.is_initialized = True
+            self.update(keys, values)
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            end = self.length + key_states.size(2)
+            if end > self.key_buffer.size(2):  # more than planned: grow (does not happen within max_length)
+                grow = (0, 0, 0, end - self.key_buffer.size(2))
+                self.key_buffer = nn.functional.pad(self.key_buffer, grow)
+                self.value_buffer = nn.functional.pad(self.value_buffer, grow)
+            self.key_buffer[:, :, self.length : end] = key_states
+            self.value_buffer[:, :, self.length : end] = value_states
+            self.length = end
+            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: Tensor) -> None:
+            self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+            self.keys = self.key_buffer[:, :, : self.length]
+            self.values = self.value_buffer[:, :, : self.length]
+
+    return BufferedLayer
+
+
+class BufferedCache:
+    @staticmethod
+    def expanded(cache, index: Tensor, *, capacity: int):
+        """A `Cache` whose row b holds row `index[b]` of `cache` (a filled `DynamicCache`), with room for
+        `capacity` positions per layer."""
+        from transformers.cache_utils import Cache
+
+        layer_class = _buffered_layer_class()
+        layers = [layer_class(layer.keys[index], layer.values[index], capacity) for layer in cache.layers]
+        return Cache(layers=layers)
+
+
+# ------------------------------------------------------------------------------------------------ linear layers
+
+
+# (rows, in features, out features, dtype) -> whether `(W @ x^T)^T` ran faster than `x @ W^T` for that shape.
+_TRANSPOSED_IS_FASTER: dict[tuple, bool] = {}
+FEW_ROWS = 64
+
+
+def _few_rows_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    """`layer(x)`, for inputs of at most `FEW_ROWS` rows (decode steps) computed as `(W @ x^T)^T` when that is faster.
+
+    On CPU, BLAS picks its kernel by the operands' layout: for a few dozen rows and wide layers `W @ x^T` can run 2-3x
+    faster than the `x @ W^T` of `nn.functional.linear`, and for a few rows or narrow layers slower, depending on the
+    BLAS build. The first call of each shape times both products and remembers the faster. Equal up to rounding.
+    """
+    rows = x.numel() // x.size(-1)
+    if rows > FEW_ROWS or x.dim() < 2:
+        return nn.functional.linear(x, layer.weight, layer.bias)
+    key = (rows, layer.in_features, layer.out_features, x.dtype)
+    if key not in _TRANSPOSED_IS_FASTER:
+        _TRANSPOSED_IS_FASTER[key] = _time(_transposed_linear, layer, x) < _time(nn.functional.linear, layer, x)
+    if _TRANSPOSED_IS_FASTER[key]:
+        return _transposed_linear(layer, x)
+    return nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def _transposed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    flat = x.reshape(-1, x.size(-1)).t()  # (in, rows)
+    if layer.bias is None:
+        out = torch.mm(layer.weight, flat)
+    else:
+        out = torch.addmm(layer.bias.unsqueeze(1), layer.weight, flat)
+    return out.t().contiguous().view(*x.shape[:-1], -1)
+
+
+def _time(fn, layer: nn.Linear, x: Tensor, repeats: int = 3) -> float:
+    """Best of `repeats` timings of `fn(layer, x)` (after one warm-up call), in seconds."""
+    import time
+
+    args = (layer, x) if fn is _transposed_linear else (x, layer.weight, layer.bias)
+    fn(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@contextlib.contextmanager
+def small_batch_linears(model: nn.Module) -> Iterator[None]:
+    """Within this context the model's plain `nn.Linear` layers use `_few_rows_linear` (CPU only)."""
+    if next(model.parameters()).device.type != "cpu":
+        yield
+        return
+    layers = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
+    for layer in layers:
+        layer.forward = _few_rows_linear.__get__(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward

@@ -1,0 +1,186 @@
+"""Shared-prefix scoring: each distinct prompt goes through the model once, its completions attend to its KV cache.
+
+A GRPO batch holds `num_generations` completions of each prompt. The plain forward pass runs `(B, P + C)` tokens;
+here the distinct prompts run once (`(G, P)`, with gradient), their keys and values are indexed out to the B rows
+(the backward pass sums the rows' gradients back into the prompt), and the completions run on top (`(B, C - 1)`:
+the last completion token predicts nothing). The LM head and log-softmax then run fused and chunked on the
+completion positions that count (`linear_token_logps`). Log-probabilities and gradients equal the plain pass's up to
+float rounding: same positions (0, 1, ... as in the plain pass), same masks, same weights.
+
+This needs a standard transformers causal LM: `get_decoder()` returns the backbone, the logits are
+`lm_head(last hidden state)`, the KV cache is a plain `DynamicCache`. `shared_prefix_model` checks that (once per
+model, numerically, on a tiny batch) and returns None otherwise; callers then use the plain pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+from torch import Tensor, nn
+
+from grpokit.algorithms.logprobs import linear_token_logps
+
+logger = logging.getLogger(__name__)
+
+_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> passed the numerical check
+
+
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Rows with the same prompt: `(unique_index (G,), inverse (B,))`, with `prompt_ids[unique_index][inverse]` equal
+    to `prompt_ids` (and likewise the mask). `unique_index` holds each distinct prompt's first row, in row order."""
+    key = prompt_ids if prompt_mask is None else torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)  # groups numbered in sorted order
+    rows = torch.arange(key.size(0), device=key.device)
+    first = torch.full((int(inverse.max()) + 1,), key.size(0), device=key.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # (G,) first row of each group
+    order = torch.argsort(first)  # renumber the groups by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=key.device)
+    return first[order], rank[inverse]
+
+
+def shared_prefix_model(model) -> nn.Module | None:
+    """The transformers causal LM to score `model` with shared prefixes, or None when only the plain pass is right:
+    a wrapped model (DDP, ...), prompt-learning PEFT, activation checkpointing in training mode (it drops the KV
+    cache), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers other than full attention,
+    or logits that are not `lm_head(hidden state)` (checked numerically the first time)."""
+    lm = _causal_lm(model)
+    if lm is None or _checkpointing(lm) or not _plain_cache(lm):
+        return None
+    head = lm.get_output_embeddings()
+    if type(head) is not nn.Linear or "forward" in head.__dict__:
+        return None
+    if lm not in _VERIFIED:
+        training = lm.training
+        try:
+            _VERIFIED[lm] = _agrees_with_plain_pass(lm.eval())  # eval: dropout would make the two passes differ
+        finally:
+            lm.train(training)
+        if not _VERIFIED[lm]:
+            logger.warning(
+                "%s: shared-prefix scoring disagrees with the model's forward; using the plain pass", type(lm).__name__
+            )
+    return lm if _VERIFIED[lm] else None
+
+
+def _causal_lm(model) -> nn.Module | None:
+    from transformers import PreTrainedModel
+
+    from .models import is_peft_model
+
+    if is_peft_model(model):
+        if model.peft_config[model.active_adapter].is_prompt_learning:
+            return None
+        model = model.get_base_model()
+    if not isinstance(model, PreTrainedModel) or model.config.is_encoder_decoder:
+        return None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    return model if isinstance(decoder, nn.Module) and decoder is not model else None
+
+
+def _checkpointing(lm) -> bool:
+    return lm.training and any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
+
+
+def _plain_cache(lm) -> bool:
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        cache = DynamicCache(config=lm.config)
+    except Exception:  # a config the cache cannot read
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+@torch.no_grad()
+def _agrees_with_plain_pass(lm) -> bool:
+    """Score a tiny batch (two rows sharing a left-padded prompt, one row alone) both ways."""
+    vocab = lm.get_output_embeddings().weight.size(0)
+    device = lm.get_output_embeddings().weight.device
+    ids = torch.tensor([[0, 5, 6, 7, 8, 9], [0, 5, 6, 7, 9, 8], [4, 3, 2, 1, 8, 8]], device=device) % vocab
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], device=device)
+    logits = lm(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 3:-1].float()
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[:, 4:].unsqueeze(-1)).squeeze(-1)
+    logps, _ = score_shared_prefix(lm, ids, mask, 2)
+    active = mask[:, 4:].bool()
+    tolerance = 1e-4 if logits.dtype == torch.float32 and lm.dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(logps[active], expected[active], atol=tolerance, rtol=tolerance))
+
+
+def score_shared_prefix(
+    lm,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    logits_to_keep: int,
+    *,
+    temperature: float = 1.0,
+    entropy: str = "none",
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probabilities (and entropies) of the last `logits_to_keep` tokens, each prompt run once.
+
+    Args:
+        lm: a model `shared_prefix_model` accepted.
+        input_ids, attention_mask: `(B, P + C)`, the prompt left-padded, the completion right-padded.
+        logits_to_keep: C.
+        entropy: "none", "detached" or "grad" (see `linear_token_logps`).
+
+    Returns:
+        `(B, C)` float32 log-probabilities and entropies (or None); 0 where the completion is padding.
+    """
+    completion_len = logits_to_keep
+    prompt_len = input_ids.size(1) - completion_len
+    hidden = _completion_hidden_states(lm, input_ids, attention_mask, prompt_len)  # (B, C, d)
+    active = attention_mask[:, prompt_len:].bool()  # (B, C)
+    head = lm.get_output_embeddings()
+    logps, entropies = linear_token_logps(
+        hidden[active],
+        head.weight,
+        head.bias,
+        input_ids[:, prompt_len:][active],
+        temperature=temperature,
+        entropy=entropy,
+    )
+    scatter = lambda values: torch.zeros(active.shape, dtype=values.dtype, device=values.device).masked_scatter(  # noqa: E731
+        active, values
+    )
+    return scatter(logps), None if entropies is None else scatter(entropies)
+
+
+def _sharing_pays(groups: int, rows: int, length: int, prompt_len: int) -> bool:
+    """Whether running the prompts apart saves enough: at least a quarter of the tokens. (A separate prompt pass has
+    its own weight-gradient products, which cost about as much as the tokens they save when prompts are short.)"""
+    return (rows - groups) * prompt_len >= 0.25 * rows * length
+
+
+def _completion_hidden_states(lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+    """`(B, C, d)` last hidden states at the positions that predict the C completion tokens: the prompt's last position
+    (from the per-prompt pass), then the completion's first C - 1 positions (attending to the expanded prompt cache)."""
+    from transformers import DynamicCache
+
+    decoder = lm.get_decoder()
+    unique_index, inverse = prompt_groups(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+    if not _sharing_pays(len(unique_index), *input_ids.shape, prompt_len):
+        # One pass over every row (the last token predicts nothing): (B, P + C - 1) -> the last C positions.
+        hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False)
+        return hidden.last_hidden_state[:, prompt_len - 1 :]
+    cache = DynamicCache(config=lm.config)
+    prompt = decoder(
+        input_ids=input_ids[unique_index, :prompt_len],
+        attention_mask=attention_mask[unique_index, :prompt_len],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # (G, P, d)
+    first = prompt[inverse, -1:]  # (B, 1, d): predicts the first completion token
+    if input_ids.size(1) - prompt_len == 1:
+        return first
+    cache.batch_select_indices(inverse)  # (G, ...) -> (B, ...) keys and values; gradients flow back to the prompt
+    rest = decoder(
+        input_ids=input_ids[:, prompt_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # (B, C - 1, d)
+    return torch.cat([first, rest], dim=1)
