@@ -47,6 +47,7 @@ def shared_prefix_decoding(model, input_ids: Tensor, logits_processor, stopping_
         )
         cache = BufferedCache.expanded(kw["past_key_values"], inverse, capacity=input_ids.size(1) + max_new)
         state = _DecodeState(input_ids, attention_mask, position_ids[:, -1], cache, _pad_id(generation_config))
+        state.can_drop_rows = not _holds_row_state([*logits_processor, *stopping_criteria], input_ids.size(0))
         logits = prefill.logits[inverse, -1]  # (B, V)
         del prefill
         while True:
@@ -68,6 +69,16 @@ def sample(scores: Tensor) -> Tensor:
     cdf = nn.functional.softmax(scores, dim=-1).cumsum_(dim=-1)  # (n, V)
     draws = torch.rand(cdf.size(0), 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]  # (n, 1) in [0, total)
     return torch.searchsorted(cdf, draws, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+
+
+def _holds_row_state(objects, rows: int) -> bool:
+    """Whether any of these logits processors / stopping criteria keeps a tensor with one entry per row (e.g. the
+    repetition penalty's prompt padding lengths): rows cannot then leave the batch without breaking it."""
+    return any(
+        isinstance(value, Tensor) and value.dim() > 0 and value.size(0) == rows
+        for obj in objects
+        for value in vars(obj).values()
+    )
 
 
 def _pad_id(generation_config) -> int:
@@ -109,6 +120,7 @@ class _DecodeState:
         self.cache = cache
         self.finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)  # (n,)
         self.steps: list[tuple[Tensor, Tensor]] = []  # per step: (original rows still unfinished, their tokens)
+        self.can_drop_rows = True
 
     def append(self, next_tokens: Tensor) -> None:
         """Add this step's tokens (padding for rows already finished, as `generate` does)."""
@@ -126,7 +138,7 @@ class _DecodeState:
         if self.attention_mask is not None:
             self.attention_mask = nn.functional.pad(self.attention_mask, (0, 1), value=1)
         self.positions = self.positions + 1
-        if int(self.finished.sum()) * 8 >= self.finished.numel():
+        if self.can_drop_rows and int(self.finished.sum()) * 8 >= self.finished.numel():
             self._select((~self.finished).nonzero().squeeze(1))
         return True
 
