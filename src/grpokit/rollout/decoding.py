@@ -16,40 +16,54 @@ search, a static/offloaded/quantized cache, a cache with sliding-window or linea
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.generation.configuration_utils import GenerationMode
 
 from .prefix import prompt_groups
+
+# Finished rows leave the decode batch once they are at least this share of it (each removal copies the KV cache).
+DROP_FINISHED_SHARE = 1 / 8
 
 
 class Unsupported(Exception):
     """This generation cannot run in the shared-prefix loop; use plain `generate`."""
 
 
-def shared_prefix_decoding(model, input_ids: Tensor, logits_processor, stopping_criteria, generation_config, **kw):
+def shared_prefix_decoding(
+    model, input_ids: Tensor, logits_processor, stopping_criteria, generation_config, **model_kwargs
+) -> Tensor:
     """The decoding loop `generate(custom_generate=...)` calls: sampling or greedy decoding of `input_ids` `(B, P)`
     (left-padded), each distinct prompt prefilled once. Returns `(B, P + T)` ids, padding after each row's end."""
-    _check_supported(generation_config, kw)
-    attention_mask = kw.get("attention_mask")  # (B, P), None when no row is padded
-    position_ids = kw["position_ids"]  # (B, P): 0-based among each row's real tokens (padding: 0)
+    _check_supported(generation_config, model_kwargs)
+    attention_mask = model_kwargs.get("attention_mask")  # (B, P), None when no row is padded
+    position_ids = model_kwargs["position_ids"]  # (B, P): 0-based among each row's real tokens (padding: 0)
     unique_index, inverse = prompt_groups(input_ids, attention_mask)  # (G,), (B,)
-    max_new = generation_config.max_length - input_ids.size(1)
+    prefill_cache = model_kwargs["past_key_values"]  # the empty DynamicCache `generate` made for this model
     with small_batch_linears(model):
         prefill = model(
             input_ids=input_ids[unique_index],
             attention_mask=None if attention_mask is None else attention_mask[unique_index],
             position_ids=position_ids[unique_index],
-            past_key_values=kw["past_key_values"],
+            past_key_values=prefill_cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        cache = BufferedCache.expanded(kw["past_key_values"], inverse, capacity=input_ids.size(1) + max_new)
-        state = _DecodeState(input_ids, attention_mask, position_ids[:, -1], cache, _pad_id(generation_config))
-        state.can_drop_rows = not _holds_row_state([*logits_processor, *stopping_criteria], input_ids.size(0))
+        state = _DecodeState(
+            input_ids,
+            attention_mask,
+            position_ids[:, -1],
+            buffered_cache(prefill_cache, inverse, capacity=generation_config.max_length),
+            pad_id=_pad_id(generation_config),
+            can_drop_rows=not _holds_row_state([*logits_processor, *stopping_criteria], input_ids.size(0)),
+        )
         logits = prefill.logits[inverse, -1]  # (B, V)
-        del prefill
+        del prefill, prefill_cache
         while True:
             scores = logits_processor(state.sequences, logits.to(dtype=torch.float32, copy=True))  # (n, V)
             next_tokens = sample(scores) if generation_config.do_sample else torch.argmax(scores, dim=-1)
@@ -89,10 +103,6 @@ def _pad_id(generation_config) -> int:
 
 
 def _check_supported(generation_config, kw) -> None:
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-    from transformers.generation.configuration_utils import GenerationMode
-
     if generation_config.get_generation_mode() not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
         raise Unsupported(f"generation mode {generation_config.get_generation_mode()}")
     cache = kw.get("past_key_values")
@@ -110,9 +120,10 @@ def _check_supported(generation_config, kw) -> None:
 class _DecodeState:
     """The rows still in the decode batch (their sequences, KV cache, masks, positions) and every row's tokens."""
 
-    def __init__(self, input_ids: Tensor, attention_mask: Tensor | None, last_positions: Tensor, cache, pad_id: int):
+    def __init__(self, input_ids, attention_mask, last_positions, cache, *, pad_id: int, can_drop_rows: bool):
         self.prompt_ids = input_ids  # (B, P)
         self.pad_id = pad_id
+        self.can_drop_rows = can_drop_rows
         self.rows = torch.arange(input_ids.size(0), device=input_ids.device)  # (n,) original row of each batch row
         self.sequences = input_ids  # (n, P + t) prompt and tokens so far
         self.attention_mask = attention_mask  # (n, P + t) or None (no padding anywhere)
@@ -120,7 +131,6 @@ class _DecodeState:
         self.cache = cache
         self.finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)  # (n,)
         self.steps: list[tuple[Tensor, Tensor]] = []  # per step: (original rows still unfinished, their tokens)
-        self.can_drop_rows = True
 
     def append(self, next_tokens: Tensor) -> None:
         """Add this step's tokens (padding for rows already finished, as `generate` does)."""
@@ -130,15 +140,15 @@ class _DecodeState:
         self.next_tokens = next_tokens
 
     def stop(self, done: Tensor) -> bool:
-        """Mark rows the stopping criteria ended; drop finished rows from the batch once they are an eighth of it.
-        False when every row is done."""
+        """Mark rows the stopping criteria ended; drop the finished rows from the batch once they are
+        `DROP_FINISHED_SHARE` of it. False when every row is done."""
         self.finished = self.finished | done
         if bool(self.finished.all()):
             return False
         if self.attention_mask is not None:
             self.attention_mask = nn.functional.pad(self.attention_mask, (0, 1), value=1)
         self.positions = self.positions + 1
-        if self.can_drop_rows and int(self.finished.sum()) * 8 >= self.finished.numel():
+        if self.can_drop_rows and int(self.finished.sum()) >= DROP_FINISHED_SHARE * self.finished.numel():
             self._select((~self.finished).nonzero().squeeze(1))
         return True
 
@@ -169,55 +179,43 @@ class _DecodeState:
 # ------------------------------------------------------------------------------------------------ the KV cache
 
 
-def _buffered_layer_class():
-    from transformers.cache_utils import DynamicLayer
+class BufferedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values `(B, H, length, D)` are views of `(B, H, capacity, D)` buffers:
+    appending writes in place instead of concatenating the whole cache."""
 
-    class BufferedLayer(DynamicLayer):
-        """A `DynamicLayer` whose keys and values `(B, H, length, D)` are views of `(B, H, capacity, D)` buffers:
-        appending writes in place instead of concatenating the whole cache."""
+    def __init__(self, keys: Tensor, values: Tensor, capacity: int):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.length = 0
+        self.key_buffer = keys.new_empty(*keys.shape[:2], max(capacity, keys.size(2)), keys.size(3))
+        self.value_buffer = values.new_empty(*values.shape[:2], self.key_buffer.size(2), values.size(3))
+        self.is_initialized = True
+        self.update(keys, values)
 
-        def __init__(self, keys: Tensor, values: Tensor, capacity: int):
-            super().__init__()
-            self.dtype, self.device = keys.dtype, keys.device
-            self.length = 0
-            self.key_buffer = keys.new_empty(*keys.shape[:2], max(capacity, keys.size(2)), keys.size(3))
-            self.value_buffer = values.new_empty(*values.shape[:2], self.key_buffer.size(2), values.size(3))
-            self.is_initialized = True
-            self.update(keys, values)
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        end = self.length + key_states.size(2)
+        if end > self.key_buffer.size(2):  # more than planned: grow
+            grow = (0, 0, 0, end - self.key_buffer.size(2))
+            self.key_buffer = nn.functional.pad(self.key_buffer, grow)
+            self.value_buffer = nn.functional.pad(self.value_buffer, grow)
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
 
-        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-            end = self.length + key_states.size(2)
-            if end > self.key_buffer.size(2):  # more than planned: grow (does not happen within max_length)
-                grow = (0, 0, 0, end - self.key_buffer.size(2))
-                self.key_buffer = nn.functional.pad(self.key_buffer, grow)
-                self.value_buffer = nn.functional.pad(self.value_buffer, grow)
-            self.key_buffer[:, :, self.length : end] = key_states
-            self.value_buffer[:, :, self.length : end] = value_states
-            self.length = end
-            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-            return self.keys, self.values
+    def get_seq_length(self) -> int:
+        return self.length
 
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def batch_select_indices(self, indices: Tensor) -> None:
-            self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
-            self.keys = self.key_buffer[:, :, : self.length]
-            self.values = self.value_buffer[:, :, : self.length]
-
-    return BufferedLayer
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
 
 
-class BufferedCache:
-    @staticmethod
-    def expanded(cache, index: Tensor, *, capacity: int):
-        """A `Cache` whose row b holds row `index[b]` of `cache` (a filled `DynamicCache`), with room for
-        `capacity` positions per layer."""
-        from transformers.cache_utils import Cache
-
-        layer_class = _buffered_layer_class()
-        layers = [layer_class(layer.keys[index], layer.values[index], capacity) for layer in cache.layers]
-        return Cache(layers=layers)
+def buffered_cache(cache: DynamicCache, index: Tensor, *, capacity: int) -> Cache:
+    """A cache of `BufferedLayer`s whose row b holds row `index[b]` of the filled `cache`, with room for `capacity`
+    positions per layer."""
+    return Cache(layers=[BufferedLayer(layer.keys[index], layer.values[index], capacity) for layer in cache.layers])
 
 
 # ------------------------------------------------------------------------------------------------ linear layers
@@ -240,7 +238,8 @@ def _few_rows_linear(layer: nn.Linear, x: Tensor) -> Tensor:
         return nn.functional.linear(x, layer.weight, layer.bias)
     key = (rows, layer.in_features, layer.out_features, x.dtype)
     if key not in _TRANSPOSED_IS_FASTER:
-        _TRANSPOSED_IS_FASTER[key] = _time(_transposed_linear, layer, x) < _time(nn.functional.linear, layer, x)
+        transposed = _seconds(lambda: _transposed_linear(layer, x))
+        _TRANSPOSED_IS_FASTER[key] = transposed < _seconds(lambda: nn.functional.linear(x, layer.weight, layer.bias))
     if _TRANSPOSED_IS_FASTER[key]:
         return _transposed_linear(layer, x)
     return nn.functional.linear(x, layer.weight, layer.bias)
@@ -255,16 +254,13 @@ def _transposed_linear(layer: nn.Linear, x: Tensor) -> Tensor:
     return out.t().contiguous().view(*x.shape[:-1], -1)
 
 
-def _time(fn, layer: nn.Linear, x: Tensor, repeats: int = 3) -> float:
-    """Best of `repeats` timings of `fn(layer, x)` (after one warm-up call), in seconds."""
-    import time
-
-    args = (layer, x) if fn is _transposed_linear else (x, layer.weight, layer.bias)
-    fn(*args)
+def _seconds(fn, repeats: int = 3) -> float:
+    """Best of `repeats` timings of `fn()` (after one warm-up call)."""
+    fn()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        fn(*args)
+        fn()
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -97,11 +97,13 @@ def _plain_cache(lm) -> bool:
 
 @torch.no_grad()
 def _agrees_with_plain_pass(lm) -> bool:
-    """Score a tiny batch (two rows sharing a left-padded prompt, one row alone) both ways."""
+    """Score a tiny batch (three rows sharing a left-padded prompt, one row alone) both ways."""
     vocab = lm.get_output_embeddings().weight.size(0)
     device = lm.get_output_embeddings().weight.device
-    ids = torch.tensor([[0, 5, 6, 7, 8, 9], [0, 5, 6, 7, 9, 8], [4, 3, 2, 1, 8, 8]], device=device) % vocab
-    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], device=device)
+    ids = torch.tensor([[0, 5, 6, 7, 8, 9], [0, 5, 6, 7, 9, 8], [0, 5, 6, 7, 3, 3], [4, 3, 2, 1, 8, 8]]) % vocab
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    ids, mask = ids.to(device), mask.to(device)
+    assert _sharing_pays(2, *ids.shape, 4)  # the batch exercises the shared pass
     logits = lm(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 3:-1].float()
     expected = torch.log_softmax(logits, -1).gather(-1, ids[:, 4:].unsqueeze(-1)).squeeze(-1)
     logps, _ = score_shared_prefix(lm, ids, mask, 2)
@@ -130,23 +132,27 @@ def score_shared_prefix(
     Returns:
         `(B, C)` float32 log-probabilities and entropies (or None); 0 where the completion is padding.
     """
-    completion_len = logits_to_keep
-    prompt_len = input_ids.size(1) - completion_len
-    hidden = _completion_hidden_states(lm, input_ids, attention_mask, prompt_len)  # (B, C, d)
+    prompt_len = input_ids.size(1) - logits_to_keep
+    decoder = lm.get_decoder()
+    unique_index, inverse = prompt_groups(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+    if _sharing_pays(len(unique_index), *input_ids.shape, prompt_len):
+        hidden = _hidden_states_shared(
+            decoder, lm.config, input_ids, attention_mask, prompt_len, unique_index, inverse
+        )
+    else:
+        hidden = _hidden_states_every_row(decoder, input_ids, attention_mask, prompt_len)
     active = attention_mask[:, prompt_len:].bool()  # (B, C)
     head = lm.get_output_embeddings()
+    labels = input_ids[:, prompt_len:][active]
     logps, entropies = linear_token_logps(
-        hidden[active],
-        head.weight,
-        head.bias,
-        input_ids[:, prompt_len:][active],
-        temperature=temperature,
-        entropy=entropy,
+        hidden[active], head.weight, head.bias, labels, temperature=temperature, entropy=entropy
     )
-    scatter = lambda values: torch.zeros(active.shape, dtype=values.dtype, device=values.device).masked_scatter(  # noqa: E731
-        active, values
-    )
-    return scatter(logps), None if entropies is None else scatter(entropies)
+    return _scatter(logps, active), None if entropies is None else _scatter(entropies, active)
+
+
+def _scatter(values: Tensor, active: Tensor) -> Tensor:
+    """`(B, C)` zeros with `values` `(N,)` at the `active` positions (connected to the graph even when N = 0)."""
+    return values.new_zeros(active.shape).masked_scatter(active, values)
 
 
 def _sharing_pays(groups: int, rows: int, length: int, prompt_len: int) -> bool:
@@ -155,18 +161,20 @@ def _sharing_pays(groups: int, rows: int, length: int, prompt_len: int) -> bool:
     return (rows - groups) * prompt_len >= 0.25 * rows * length
 
 
-def _completion_hidden_states(lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+def _hidden_states_every_row(decoder, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+    """`(B, C, d)` last hidden states at the positions that predict the C completion tokens, one pass over every row
+    `(B, P + C - 1)` (the last token predicts nothing)."""
+    hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False)
+    return hidden.last_hidden_state[:, prompt_len - 1 :]
+
+
+def _hidden_states_shared(decoder, config, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
     """`(B, C, d)` last hidden states at the positions that predict the C completion tokens: the prompt's last position
-    (from the per-prompt pass), then the completion's first C - 1 positions (attending to the expanded prompt cache)."""
+    (from the pass over the G distinct prompts `(G, P)`), then the completion's first C - 1 positions `(B, C - 1)`,
+    attending to the prompt's keys and values indexed out to the rows."""
     from transformers import DynamicCache
 
-    decoder = lm.get_decoder()
-    unique_index, inverse = prompt_groups(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
-    if not _sharing_pays(len(unique_index), *input_ids.shape, prompt_len):
-        # One pass over every row (the last token predicts nothing): (B, P + C - 1) -> the last C positions.
-        hidden = decoder(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False)
-        return hidden.last_hidden_state[:, prompt_len - 1 :]
-    cache = DynamicCache(config=lm.config)
+    cache = DynamicCache(config=config)
     prompt = decoder(
         input_ids=input_ids[unique_index, :prompt_len],
         attention_mask=attention_mask[unique_index, :prompt_len],

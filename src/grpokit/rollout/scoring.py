@@ -75,16 +75,16 @@ def score_tokens(
     for start in range(0, input_ids.size(0), chunk_size):
         rows = slice(start, start + chunk_size)
         if lm is not None:
-            chunk = score_shared_prefix(
+            chunk_logps, chunk_entropies = score_shared_prefix(
                 lm, input_ids[rows], attention_mask[rows], logits_to_keep, temperature=temperature, entropy=entropy
             )
         else:
-            chunk = _score_plain(
+            chunk_logps, chunk_entropies, aux_loss = _score_plain(
                 model, input_ids[rows], attention_mask[rows], logits_to_keep, temperature, entropy, compute_aux_loss
             )
-        logps.append(chunk[0])
-        entropies.append(chunk[1])
-        aux_losses.append(chunk[2] if len(chunk) > 2 else None)
+            aux_losses.append(aux_loss)
+        logps.append(chunk_logps)
+        entropies.append(chunk_entropies)
     return TokenScores(
         logps=torch.cat(logps),
         entropies=torch.cat(entropies) if compute_entropy else None,
