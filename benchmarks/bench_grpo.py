@@ -250,6 +250,33 @@ def reward_function(timer: PhaseTimer):
     return reward
 
 
+# grpokit with one speedup switched off, to measure what each brings (`--ablations`).
+ABLATIONS = {
+    "decode-loop": "plain `generate` instead of the shared-prefix decoding loop",
+    "sampler": "`torch.multinomial` (as `generate` samples) in the decoding loop",
+    "few-rows-linear": "`nn.functional.linear` in decode steps",
+    "shared-scoring": "the plain forward pass for log-probabilities (no shared prefix, no fused LM head)",
+}
+
+
+def ablate(trainer, name: str) -> None:
+    import contextlib
+
+    import torch
+
+    import grpokit.rollout.decoding as decoding
+    import grpokit.trainer as module
+
+    if name == "decode-loop":
+        trainer.generator.share_prefix = False
+    elif name == "sampler":
+        decoding.sample = lambda scores: torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
+    elif name == "few-rows-linear":
+        decoding.small_batch_linears = lambda model: contextlib.nullcontext()
+    elif name == "shared-scoring":
+        module.score_tokens = functools.partial(module.score_tokens, share_prefix=False)
+
+
 def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
     import grpokit.trainer as module
 
@@ -266,7 +293,7 @@ def instrument_trl(trainer, timer: PhaseTimer) -> None:
     timer.wrap(trainer.accelerator, "backward", "backward")
 
 
-def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer: PhaseTimer):
+def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer: PhaseTimer, ablation=None):
     if side == "grpokit":
         from grpokit import GRPOConfig, GRPOTrainer
     else:
@@ -278,6 +305,8 @@ def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer:
         train_dataset=dataset,
         processing_class=tokenizer,
     )
+    if ablation:
+        ablate(trainer, ablation)
     (instrument_grpokit if side == "grpokit" else instrument_trl)(trainer, timer)
     trainer.add_callback(timer.callback())
     return trainer
@@ -300,7 +329,7 @@ def load(model_dir: str):
     return model, tokenizer
 
 
-def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, steps: int) -> dict:
+def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, steps: int, ablation=None) -> dict:
     """One run: train `warmup + steps` steps; per-step phases, peak RSS over the baseline, E."""
     import torch
     from datasets import Dataset
@@ -312,7 +341,8 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
 
     timer = PhaseTimer()
     with tempfile.TemporaryDirectory() as out:
-        trainer = make_trainer(side, model, tokenizer, dataset, config_values(out, warmup + steps), timer)
+        values = config_values(out, warmup + steps)
+        trainer = make_trainer(side, model, tokenizer, dataset, values, timer, ablation)
         trainer.train()
     peak = max_rss_mb()
     measured = timer.steps[warmup:]
@@ -321,7 +351,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
     flops = step_flops(model.config.to_dict(), workload.prompt_tokens, COMPLETION_LENGTH, groups, NUM_GENERATIONS)
     peak_flops = matmul_peak()
     return {
-        "side": side,
+        "side": side if ablation is None else f"grpokit without {ablation}",
         "workload": workload.name,
         "median": median,
         "steps": measured,
@@ -447,28 +477,26 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def print_table(results: dict) -> None:
-    header = ["workload", "side", "step s", *[f"{p[:9]}" for p in PHASES], "tok/s", "peak MB", "total MB", "E"]
-    print(" | ".join(f"{h:>9}" for h in header))
+    """Medians as a Markdown table: seconds per step and per phase, tokens/s, peak MB, E; and grpokit / TRL."""
+    columns = ["step s", *PHASES, "tok/s", "peak MB", "total MB", "E"]
+    print("| workload | run | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 2) + "|")
     for workload, sides in results.items():
         for side, s in sides.items():
-            row = [workload, side, f"{s['step']:.3f}", *[f"{s[p]:.3f}" for p in PHASES]]
-            row += [
-                f"{s['tokens_per_s']:.0f}",
-                f"{s['peak_mb']:.0f}",
-                f"{s['peak_total_mb']:.0f}",
-                f"{s['efficiency']:.3f}",
-            ]
-            print(" | ".join(f"{v:>9}" for v in row))
+            cells = [f"{s[k]:.3f}" for k in ("step", *PHASES)]
+            cells += [f"{s['tokens_per_s']:.0f}", f"{s['peak_mb']:.0f}", f"{s['peak_total_mb']:.0f}"]
+            cells += [f"{s['efficiency']:.3f}"]
+            print(f"| {workload} | {side} | " + " | ".join(cells) + " |")
         if {"grpokit", "trl"} <= set(sides):
             ours, theirs = sides["grpokit"], sides["trl"]
-            ratios = [f"{ours[k] / theirs[k]:.2f}" if theirs[k] > 0 else "-" for k in ("step", *PHASES)]
-            row = [workload, "ratio", *ratios, "", f"{ours['peak_mb'] / theirs['peak_mb']:.2f}"]
-            row += [f"{ours['peak_total_mb'] / theirs['peak_total_mb']:.2f}", ""]
-            print(" | ".join(f"{v:>9}" for v in row))
+            cells = [f"{ours[k] / theirs[k]:.2f}" if theirs[k] > 0 else "-" for k in ("step", *PHASES)]
+            cells += [f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}"]
+            cells += [f"{ours[k] / theirs[k]:.2f}" for k in ("peak_mb", "peak_total_mb", "efficiency")]
+            print(f"| {workload} | **grpokit / TRL** | " + " | ".join(f"**{c}**" for c in cells) + " |")
     first = next(iter(next(iter(results.values())).values()))
     print(
-        f"(matmul peak {first['matmul_peak_gflops']:.1f} GFLOP/s; ratio = grpokit / TRL; peak MB = peak RSS minus "
-        "the RSS after imports and model load)"
+        f"\nmatmul peak {first['matmul_peak_gflops']:.0f} GFLOP/s; peak MB = peak RSS minus the RSS after imports and "
+        "model load; total MB = peak RSS"
     )
 
 
@@ -537,6 +565,14 @@ def main():
     parser.add_argument("--check-logprobs", action="store_true")
     parser.add_argument("--trl-python", default=sys.executable)
     parser.add_argument("--save", help="write every run's figures to this JSON file")
+    parser.add_argument(
+        "--ablations",
+        default="",
+        help="also run grpokit with each of these speedups off (comma-separated; 'all': "
+        + ", ".join(f"{k}: {v}" for k, v in ABLATIONS.items())
+        + ")",
+    )
+    parser.add_argument("--ablation", choices=list(ABLATIONS), help=argparse.SUPPRESS)
     # internal: one worker run
     parser.add_argument("--worker", choices=["train", "logprobs"], help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
@@ -548,7 +584,7 @@ def main():
 
     if cli.worker == "train":
         (name,) = cli.workloads.split(",")
-        result = train_worker(cli.side, WORKLOADS[name], cli.model_dir, cli.warmup, cli.steps)
+        result = train_worker(cli.side, WORKLOADS[name], cli.model_dir, cli.warmup, cli.steps, cli.ablation)
         with open(cli.out, "w") as f:
             json.dump(result, f)
         return
@@ -561,20 +597,22 @@ def main():
             if check_logprobs(cli.trl_python, root) > 1e-5:
                 raise SystemExit(1)
             return
-        sides = [("grpokit", sys.executable)] + ([("trl", cli.trl_python)] if cli.compare_trl else [])
+        ablations = list(ABLATIONS) if cli.ablations == "all" else [a for a in cli.ablations.split(",") if a]
+        variants = [("grpokit", sys.executable, None)] + [("grpokit", sys.executable, a) for a in ablations]
+        variants += [("trl", cli.trl_python, None)] if cli.compare_trl else []
         results, raw = {}, []
         for name in cli.workloads.split(","):
             model_dir = build_model_dir(WORKLOADS[name], root)
             runs = defaultdict(list)
             for _ in range(cli.runs):
-                for side, python in sides:
+                for side, python, ablation in variants:
                     argv = ["--worker", "train", "--side", side, "--workloads", name, "--model-dir", model_dir]
                     argv += ["--warmup", str(cli.warmup), "--steps", str(cli.steps)]
+                    argv += ["--ablation", ablation] if ablation else []
                     run = run_worker(python, argv)
-                    print(
-                        f"{name} {side}: step {run['median']['step']:.3f} s, peak +{run['peak_mb']:.0f} MB", flush=True
-                    )
-                    runs[side].append(run)
+                    step, peak = run["median"]["step"], run["peak_mb"]
+                    print(f"{name} {run['side']}: step {step:.3f} s, peak +{peak:.0f} MB", flush=True)
+                    runs[run["side"]].append(run)
                     raw.append(run)
             results[name] = {side: summarise(r) for side, r in runs.items()}
         print_table(results)
