@@ -66,8 +66,16 @@ def build_word_tokenizer(vocab_size: int = 32768):
     return fast
 
 
-def build_model(tokenizer, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
-                vocab_size: int | None = None, arch: str = "qwen2"):
+def build_model(
+    tokenizer,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    arch: str = "qwen2",
+):
     """A random-init causal LM (Qwen2 or Llama) sized for CPU tests."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -67,3 +67,16 @@ def test_vanishing_probabilities_give_no_nan():
 def test_unknown_entropy_mode():
     with pytest.raises(ValueError, match="entropy='yes'"):
         linear_token_logps(torch.ones(1, 1), torch.ones(2, 1), None, torch.tensor([0]), entropy="yes")
+
+
+def test_autocast_backward_recomputes_the_forward_logits():
+    # Under bfloat16 autocast the forward's logits are bfloat16 products; the backward pass must recompute the same
+    # ones (not float32 ones), or the gradient of log p would not be 1[label] - p: it would not sum to 0 over a row.
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 8, requires_grad=True)
+    weight = torch.randn(30, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logps, _ = linear_token_logps(hidden, weight, None, torch.randint(0, 30, (5,)))
+    logps.sum().backward()
+    # d(sum of log p)/d(weight) = sum_rows (1[label] - p) hidden: summed over the vocabulary, (1 - 1) hidden = 0.
+    assert weight.grad.sum(0).abs().max() < 1e-4

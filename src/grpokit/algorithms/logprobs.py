@@ -102,6 +102,8 @@ class _LinearLogSoftmax(torch.autograd.Function):
             del logits, log_probs
         ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies)
         ctx.temperature, ctx.rows = temperature, rows
+        device = hidden.device.type  # the backward pass recomputes the logits under the same autocast state
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         if entropy != "grad":
             ctx.mark_non_differentiable(entropies)
         return logps, entropies
@@ -115,9 +117,12 @@ class _LinearLogSoftmax(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
         for start in range(0, hidden.size(0), ctx.rows):
             chunk = slice(start, start + ctx.rows)
+            device, dtype, enabled = ctx.autocast
+            with torch.autocast(device, dtype=dtype, enabled=enabled):
+                logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature)
             grad_logits = (
                 _chunk_grad_logits(
-                    _chunk_logits(hidden[chunk], weight, bias, ctx.temperature),
+                    logits,
                     labels[chunk],
                     log_norms[chunk],
                     entropies[chunk] if grad_entropies is not None else None,

@@ -44,10 +44,11 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor | None) -> tuple[Tenso
 def shared_prefix_model(model) -> nn.Module | None:
     """The transformers causal LM to score `model` with shared prefixes, or None when only the plain pass is right:
     a wrapped model (DDP, ...), prompt-learning PEFT, activation checkpointing in training mode (it drops the KV
-    cache), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers other than full attention,
-    or logits that are not `lm_head(hidden state)` (checked numerically the first time)."""
+    cache), sharded parameters (FSDP), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers
+    other than full attention, or logits that are not `lm_head(hidden state)` (checked numerically the first
+    time)."""
     lm = _causal_lm(model)
-    if lm is None or _checkpointing(lm) or not _plain_cache(lm):
+    if lm is None or _checkpointing(lm) or _sharded(lm) or not _plain_cache(lm):
         return None
     head = lm.get_output_embeddings()
     if type(head) is not nn.Linear or "forward" in head.__dict__:
@@ -84,6 +85,11 @@ def _checkpointing(lm) -> bool:
     return lm.training and any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
 
 
+def _sharded(lm) -> bool:
+    """FSDP2 shards parameters (DTensors) and gathers them in hooks around the root module's forward."""
+    return any(type(p).__name__ == "DTensor" for p in lm.parameters())
+
+
 def _plain_cache(lm) -> bool:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -104,11 +110,11 @@ def _agrees_with_plain_pass(lm) -> bool:
     mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
     ids, mask = ids.to(device), mask.to(device)
     assert _sharing_pays(2, *ids.shape, 4)  # the batch exercises the shared pass
-    logits = lm(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 3:-1].float()
-    expected = torch.log_softmax(logits, -1).gather(-1, ids[:, 4:].unsqueeze(-1)).squeeze(-1)
+    logits = lm(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, 3:-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 4:].unsqueeze(-1)).squeeze(-1)
     logps, _ = score_shared_prefix(lm, ids, mask, 2)
     active = mask[:, 4:].bool()
-    tolerance = 1e-4 if logits.dtype == torch.float32 and lm.dtype == torch.float32 else 5e-2
+    tolerance = 1e-4 if logits.dtype == torch.float32 else 5e-2  # bfloat16 / float16 weights or autocast
     return bool(torch.allclose(logps[active], expected[active], atol=tolerance, rtol=tolerance))
 
 
