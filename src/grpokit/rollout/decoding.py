@@ -44,7 +44,7 @@ def shared_prefix_decoding(
     attention_mask = model_kwargs.get("attention_mask")  # (B, P), None when no row is padded
     position_ids = model_kwargs["position_ids"]  # (B, P): 0-based among each row's real tokens (padding: 0)
     unique_index, inverse = prompt_groups(input_ids, attention_mask)  # (G,), (B,)
-    prefill_cache = model_kwargs["past_key_values"]  # the empty DynamicCache `generate` made for this model
+    prefill_cache = _cache_of(model_kwargs)  # the empty DynamicCache `generate` made for this model
     with small_batch_linears(model):
         prefill = model(
             input_ids=input_ids[unique_index],
@@ -102,17 +102,22 @@ def _pad_id(generation_config) -> int:
     return 0 if pad is None else int(pad)
 
 
+def _cache_of(kw):
+    """The cache `generate` prepared: `past_key_values` up to transformers 5.23, `cache` from 5.24 on."""
+    return kw.get("past_key_values", kw.get("cache"))
+
+
 def _check_supported(generation_config, kw) -> None:
     if generation_config.get_generation_mode() not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
         raise Unsupported(f"generation mode {generation_config.get_generation_mode()}")
-    cache = kw.get("past_key_values")
+    cache = _cache_of(kw)
     if not kw.get("use_cache", True) or type(cache) is not DynamicCache or cache.get_seq_length() != 0:
         raise Unsupported("needs an empty DynamicCache")
     if any(type(layer) is not DynamicLayer for layer in cache.layers):
         raise Unsupported("a cache layer that is not a plain DynamicLayer (sliding window, linear attention)")
     if kw.get("position_ids") is None or generation_config.max_length is None:
         raise Unsupported("no position ids or maximum length")
-    known = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+    known = {"attention_mask", "position_ids", "past_key_values", "cache", "use_cache", "logits_to_keep"}
     if set(kw) - known:
         raise Unsupported(f"model inputs {sorted(set(kw) - known)}")
 
