@@ -39,13 +39,32 @@ def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code
     )
 
 
+def load_tokenizer(model_id: str, **kwargs):
+    """The tokenizer of a checkpoint. A checkpoint that declares the generic fast tokenizer (`TokenizersBackend` /
+    `PreTrainedTokenizerFast`) gets exactly its `tokenizer.json`: `AutoTokenizer` would swap in the model type's
+    own class (e.g. Qwen2Tokenizer), whose pre-tokenizer can drop characters the saved tokenizer keeps."""
+    import json
+    import os
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config_path = os.path.join(model_id, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as fh:
+            declared = json.load(fh).get("tokenizer_class")
+        if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            kwargs.pop("trust_remote_code", None)
+            return PreTrainedTokenizerFast.from_pretrained(model_id, **kwargs)
+    return AutoTokenizer.from_pretrained(model_id, **kwargs)
+
+
 def load_reward_model(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool):
     """A sequence classifier with one output (the reward) and its tokenizer."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
     kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
     model = AutoModelForSequenceClassification.from_pretrained(model_id, num_labels=1, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
     return model, tokenizer
 
 
@@ -169,10 +188,10 @@ def mix_into(target: nn.Module, source: nn.Module, alpha: float) -> None:
 def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False):
     """The policy's tokenizer (loaded from the model's path when not given, padding and truncating on the left),
     with a pad token, which the model's configs are told about."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
     if processing_class is None:
-        processing_class = AutoTokenizer.from_pretrained(
+        processing_class = load_tokenizer(
             model_id(model), truncation_side="left", padding_side="left", trust_remote_code=trust_remote_code
         )
     if not isinstance(processing_class, PreTrainedTokenizerBase):

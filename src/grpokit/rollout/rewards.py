@@ -253,9 +253,7 @@ def build_reward_functions(
             spec = resolve_reward(spec, defaults={"max_completion_len": max_completion_length})
         if isinstance(spec, PreTrainedModel):
             if classes[i] is None:
-                from transformers import AutoTokenizer
-
-                classes[i] = AutoTokenizer.from_pretrained(models.model_id(spec), trust_remote_code=trust_remote_code)
+                classes[i] = models.load_tokenizer(models.model_id(spec), trust_remote_code=trust_remote_code)
             models.prepare_reward_tokenizer(spec, classes[i])
         funcs.append(spec)
     return RewardFunctions(funcs, classes, chat_template_kwargs=dict(chat_template_kwargs or {}))
