@@ -19,7 +19,6 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer(extra_chars: str = ""):
     """A character-level `PreTrainedTokenizerFast` over printable ASCII plus `extra_chars`, with a chat template."""
-    from transformers import PreTrainedTokenizerFast
 
     chars = sorted(set(string.printable) - set("\x0b\x0c\r") | set(extra_chars))
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -29,6 +28,14 @@ def build_tokenizer(extra_chars: str = ""):
     # Every character is its own token; special tokens are matched first by the added-token machinery.
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
+    return _as_transformers_tokenizer(tok)
+
+
+def _as_transformers_tokenizer(tok: Tokenizer):
+    """Wrap a `tokenizers.Tokenizer` over SPECIAL_TOKENS' vocabulary with the special tokens, the chat template and
+    left padding."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
@@ -46,24 +53,13 @@ def build_word_tokenizer(vocab_size: int = 32768):
     """A word-level `PreTrainedTokenizerFast` with `vocab_size` entries: the special tokens, then the words
     `w0`, `w1`, ... (split on whitespace, decoded with spaces between words). For benchmarks that need a large
     vocabulary without downloading one."""
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for i in range(vocab_size - len(vocab)):
         vocab[f"w{i}"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="<eos>",
-        bos_token="<bos>",
-        unk_token="<unk>",
-        additional_special_tokens=SPECIAL_TOKENS[4:],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
+    return _as_transformers_tokenizer(tok)
 
 
 def build_model(
@@ -99,6 +95,25 @@ def build_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def build_reward_model(tokenizer, *, hidden_size: int = 16, seed: int = 0):
+    """A random-init one-label Qwen2 sequence classifier (a reward model) over `tokenizer`'s vocabulary."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForSequenceClassification(config)
 
 
 def save_tiny(path, **model_kwargs):

@@ -119,20 +119,9 @@ def test_wrong_length_and_wrong_type_are_errors():
 
 
 def test_reward_model_scores_prompt_plus_completion(tiny_tokenizer):
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from grpokit.tiny import build_reward_model
 
-    config = Qwen2Config(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=1,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForSequenceClassification(config).eval()
+    model = build_reward_model(tiny_tokenizer).eval()
     rewards = RewardFunctions([model], [tiny_tokenizer])(PROMPTS, COMPLETIONS, IDS)
     with torch.no_grad():
         expected = [

@@ -144,20 +144,9 @@ def test_every_reward_none_gives_zero_advantages(tiny_model, tiny_tokenizer, dat
 
 
 def test_reward_model_from_a_local_directory(tiny_model, tiny_tokenizer, dataset, make_args, tmp_path):
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from grpokit.tiny import build_reward_model
 
-    config = Qwen2Config(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=1,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    Qwen2ForSequenceClassification(config).save_pretrained(tmp_path / "rm")
+    build_reward_model(tiny_tokenizer).save_pretrained(tmp_path / "rm")
     tiny_tokenizer.save_pretrained(tmp_path / "rm")
 
     trainer = GRPOTrainer(
