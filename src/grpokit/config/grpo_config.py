@@ -500,10 +500,6 @@ class GRPOConfig(TrainingArguments):
         for name, value in derived.items():
             setattr(self, name, value)
 
-    @property
-    def epsilon_low(self) -> float:
-        return self.epsilon
-
 
 def _apply_recipe_defaults(config: GRPOConfig) -> None:
     from .recipes import load_recipe

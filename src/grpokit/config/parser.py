@@ -13,6 +13,7 @@ import enum
 import os
 import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -446,8 +447,6 @@ def reward_problems(values) -> list[Problem]:
                 f"give {expected} weight(s): the reward model's first (when set), then one per function, in order",
             )
         )
-    if not funcs and not values.get("reward_model_name_or_path") and "reward_funcs" in values:
-        pass  # a script may pass reward functions in Python; `grpokit train` checks this itself
     return problems
 
 
@@ -504,17 +503,10 @@ def _split_meta_args(args):
 
 
 def _is_list(tp) -> bool:
-    import typing
-
-    from .types import strip_optional
+    from .types import _union_args, strip_optional
 
     inner, _ = strip_optional(tp)
-    members = (
-        typing.get_args(inner)
-        if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType)
-        else (inner,)
-    )
-    return any((typing.get_origin(m) or m) is list for m in members)
+    return any((typing.get_origin(m) or m) is list for m in _union_args(inner) or (inner,))
 
 
 def _as_number(value) -> float | None:

@@ -136,7 +136,9 @@ def range_problem(name: str, value, default=None) -> Problem | None:
         return None
     low, low_inc, high, high_inc = RANGES[name]
     if isinstance(value, float) and math.isinf(value):
-        return Problem(name, "must be a finite number", value, f"for example {default} (the default)" if default else None)
+        return Problem(
+            name, "must be a finite number", value, f"for example {default} (the default)" if default else None
+        )
     too_low = low is not None and (value < low or (value == low and not low_inc))
     too_high = high is not None and (value > high or (value == high and not high_inc))
     if not (too_low or too_high) and not (isinstance(value, float) and math.isnan(value)):
@@ -311,8 +313,8 @@ def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str
     if gen_batch % num_gen != 0:
         problems.append(_group_problem(values, gen_batch, num_gen, global_batch, num_processes))
     derived = {"steps_per_generation": steps, "generation_batch_size": gen_batch}
-    eval_on = values.get("do_eval") or str(getattr(values.get("eval_strategy"), "value", values.get("eval_strategy")))
-    if eval_on not in (False, None, "no", "None") and values.get("eval_strategy") not in (None, "no"):
+    eval_strategy = getattr(values.get("eval_strategy"), "value", values.get("eval_strategy"))  # enum or str
+    if eval_strategy not in (None, "no"):  # TrainingArguments turns do_eval on whenever evaluation is scheduled
         num_gen_eval = values.get("num_generations_eval") or num_gen
         eval_batch = values.get("per_device_eval_batch_size")
         if _num(eval_batch) and eval_batch >= 1 and (eval_batch * num_processes) % num_gen_eval != 0:
