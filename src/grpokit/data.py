@@ -28,20 +28,19 @@ def _load(path, *, name=None, data_dir=None, data_files=None, split=None, stream
         builder = str(path)
         if data_files is not None:
             kwargs["data_files"] = data_files
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try:
         return datasets.load_dataset(builder, split=split, **kwargs)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as exc:
-        if not os.path.exists(str(path)) and ext not in _LOCAL_FORMATS:
-            where = (
+    except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ConnectionError, ValueError, ...)
+        if ext not in _LOCAL_FORMATS and not os.path.exists(str(path)):
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+            why = (
                 "offline (HF_HUB_OFFLINE=1), so a hub dataset must already be cached"
                 if offline
                 else ("it is not a local path and could not be fetched from the hub")
             )
-            raise DataError(f"dataset {path!r} could not be loaded: {where}") from None
-        raise DataError(f"dataset {path!r} could not be loaded: {' '.join(str(exc).split())[:300]}") from None
-    except Exception as exc:  # datasets raises many types (DatasetNotFoundError, ...)
-        raise DataError(f"dataset {path!r} could not be loaded: {' '.join(str(exc).split())[:300]}") from None
+        else:
+            why = " ".join(str(exc).split())[:300]
+        raise DataError(f"dataset {path!r} could not be loaded: {why}") from None
 
 
 def _split(dataset_dict, split, what):
