@@ -121,7 +121,17 @@ def _train(argv, *, demo: bool = False) -> int:
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    from grpokit.rollout.rewards import RewardError
+
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except (RewardError, KeyboardInterrupt) as exc:
+        # Nothing trained so far is lost: the weights are saved beside the run before stopping.
+        saved = os.path.join(training_args.output_dir, f"interrupted-step-{trainer.state.global_step}")
+        trainer.save_model(saved)
+        reason = " ".join(str(exc).split()) if isinstance(exc, RewardError) else "interrupted"
+        _error(f"{reason} (weights at step {trainer.state.global_step} saved to {saved})")
+        return 1
     trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
         from grpokit.plot import plot_run

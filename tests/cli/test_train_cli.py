@@ -129,3 +129,17 @@ def test_demo_runs_end_to_end_briefly(tmp_path):
     assert "demo: mean reward" in result.stdout
     assert (tmp_path / "demo" / "reward_curve.png").is_file()
     assert "resolved config:" in result.stdout
+
+
+def test_a_failing_reward_stops_with_one_line_and_keeps_the_weights(tmp_path, tiny_model_dir):
+    (tmp_path / "my_rewards.py").write_text(
+        "def picky(prompts, completions, **kwargs):\n"
+        "    return [float('nope') if '+' in prompt else 1.0 for prompt in prompts]\n"
+    )
+    recipe = write_recipe(tmp_path, tiny_model_dir, reward_funcs=["my_rewards.picky"], reward_weights=None)
+    result = run_grpokit("train", "--config", str(recipe), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "'picky'" in errors[0] and "sample 0" in errors[0], result.stderr[-2000:]
+    assert (tmp_path / "run" / "interrupted-step-0" / "model.safetensors").is_file()
