@@ -7,7 +7,6 @@ description of a field; `grpokit config schema` and `--help` are built from it.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -15,9 +14,6 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from .rules import derive_batch_geometry, validate_instance
-
-# Set by the parser while it builds instances from already-layered values, so that `recipe` is not applied twice.
-LAYERS_APPLIED = contextvars.ContextVar("grpokit_layers_applied", default=False)
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -478,7 +474,7 @@ class GRPOConfig(TrainingArguments):
     )
 
     def __post_init__(self):
-        if self.recipe is not None and not LAYERS_APPLIED.get():
+        if self.recipe is not None:
             _apply_recipe_defaults(self)
         validate_instance(self)
         # The configuration is judged, not the machine: TrainingArguments would reject bf16/tf32 on a CPU-only

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from .grpo_config import LAYERS_APPLIED, GRPOConfig
+from .grpo_config import GRPOConfig
 from .migrations import RENAMED_KEYS, legacy_scale_rewards
 from .model_config import ModelConfig
 from .recipes import load_recipe
@@ -146,23 +146,20 @@ class TrlParser(HfArgumentParser):
         return resolution
 
     def _instantiate(self, values, sources, report) -> list:
-        """Build each dataclass from the resolved values (the recipe is already applied: LAYERS_APPLIED)."""
+        """Build each dataclass from the resolved values. Every field is passed explicitly, so GRPOConfig's own
+        recipe filling (for Python callers) finds nothing left to fill: the recipe layer is already in `values`."""
         instances = []
-        token = LAYERS_APPLIED.set(True)
-        try:
-            for dtype in self.dataclass_types:
-                kwargs = {f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values}
-                try:
-                    instances.append(dtype(**kwargs))
-                except ConfigError as exc:
-                    report.problems += exc.problems
-                except Exception as exc:  # transformers' own checks: ValueError, or e.g. OSError for a JSON path
-                    message = " ".join(str(exc).split())
-                    if not isinstance(exc, (ValueError, TypeError)):
-                        message = f"{type(exc).__name__}: {message}"
-                    report.problems.append(_blame(dtype, message, values, sources))
-        finally:
-            LAYERS_APPLIED.reset(token)
+        for dtype in self.dataclass_types:
+            kwargs = {f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values}
+            try:
+                instances.append(dtype(**kwargs))
+            except ConfigError as exc:
+                report.problems += exc.problems
+            except Exception as exc:  # transformers' own checks: ValueError, or e.g. OSError for a JSON path
+                message = " ".join(str(exc).split())
+                if not isinstance(exc, (ValueError, TypeError)):
+                    message = f"{type(exc).__name__}: {message}"
+                report.problems.append(_blame(dtype, message, values, sources))
         return instances
 
     # ---- helpers ----
