@@ -258,7 +258,8 @@ class RunRecorder(TrainerCallback):
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         with open(os.path.join(self.output_dir, "metrics.jsonl"), "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
-        self._write_completions(state.global_step)
+        if args.log_completions:  # completions.jsonl only when asked for, as the field says
+            self._write_completions(state.global_step)
         if self.show_progress and "reward" in logs:
             elapsed = time.time() - (self._start or time.time())
             total = state.max_steps or 0

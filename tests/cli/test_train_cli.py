@@ -127,6 +127,7 @@ def test_demo_runs_end_to_end_briefly(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "demo: mean reward" in result.stdout
+    assert not (tmp_path / "demo" / "completions.jsonl").exists()  # the demo does not set log_completions
     assert (tmp_path / "demo" / "reward_curve.png").is_file()
     assert "resolved config:" in result.stdout
 
