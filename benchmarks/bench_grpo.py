@@ -254,7 +254,8 @@ def reward_function(timer: PhaseTimer):
 ABLATIONS = {
     "decode-loop": "plain `generate` instead of the shared-prefix decoding loop",
     "sampler": "`torch.multinomial` (as `generate` samples) in the decoding loop",
-    "few-rows-linear": "`nn.functional.linear` in decode steps",
+    "column-step": "the model's own forward pass for decode steps (with the few-rows linear)",
+    "few-rows-linear": "`nn.functional.linear` in decode steps (and no column step)",
     "shared-scoring": "the plain forward pass for log-probabilities (no shared prefix, no fused LM head)",
 }
 
@@ -271,7 +272,10 @@ def ablate(trainer, name: str) -> None:
         trainer.generator.share_prefix = False
     elif name == "sampler":
         decoding.sample = lambda scores: torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
+    elif name == "column-step":
+        decoding.column_step = lambda model: None
     elif name == "few-rows-linear":
+        decoding.column_step = lambda model: None
         decoding.small_batch_linears = lambda model: contextlib.nullcontext()
     elif name == "shared-scoring":
         module.score_tokens = functools.partial(module.score_tokens, share_prefix=False)

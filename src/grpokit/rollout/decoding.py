@@ -4,7 +4,9 @@ GRPO generates `num_generations` completions of each prompt. `generate` would ru
 per completion; this loop runs each distinct prompt once (the prefill), copies its KV cache to the rows that share
 it, and decodes all rows together. Rows that finish (EOS, or any stopping criterion) leave the decode batch, so they
 stop costing work. The KV cache lives in preallocated buffers, so a decode step writes one position instead of
-concatenating the whole cache. On CPU, the linear layers use a matrix product that suits a few rows better.
+concatenating the whole cache. On CPU, a decode step of a Llama-family model runs as the short sequence of tensor
+operations of `column_step.py`; other models run their own forward pass with linear layers that use a matrix product
+that suits a few rows better.
 
 `generate` still does everything else: merging the generation config with the model's, the logits processors
 (temperature, top-k/p, min-p, repetition penalty, min_new_tokens, ...), the stopping criteria, the position ids. So
@@ -25,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation.configuration_utils import GenerationMode
 
+from .column_step import column_step
 from .prefix import prompt_groups
 
 # Finished rows leave the decode batch once they are at least this share of it (each removal copies the KV cache).
@@ -45,6 +48,7 @@ def shared_prefix_decoding(
     position_ids = model_kwargs["position_ids"]  # (B, P): 0-based among each row's real tokens (padding: 0)
     unique_index, inverse = prompt_groups(input_ids, attention_mask)  # (G,), (B,)
     prefill_cache = _cache_of(model_kwargs)  # the empty DynamicCache `generate` made for this model
+    step = decode_step(model)  # before the linear layers are patched: the column step reads their weights itself
     with small_batch_linears(model):
         prefill = model(
             input_ids=input_ids[unique_index],
@@ -70,8 +74,17 @@ def shared_prefix_decoding(
             state.append(next_tokens)
             if not state.stop(stopping_criteria(state.sequences, scores)):
                 break
-            logits = model(**state.model_inputs(), use_cache=True).logits[:, -1]
+            logits = step(state)
     return state.output()
+
+
+def decode_step(model):
+    """`state -> (n, V)` next-token logits for the rows in the decode batch: on CPU, the column step of
+    `column_step.py` when it can follow this model exactly; otherwise the model's own forward pass."""
+    fast = column_step(model) if next(model.parameters()).device.type == "cpu" else None
+    if fast is not None:
+        return lambda state: fast(state.next_tokens, state.positions, state.attention_mask, state.cache)
+    return lambda state: model(**state.model_inputs(), use_cache=True).logits[:, -1]
 
 
 def sample(scores: Tensor) -> Tensor:

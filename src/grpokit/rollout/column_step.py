@@ -1,0 +1,152 @@
+"""One decode step of a Llama-family model (Llama, Qwen2) as a short run of plain tensor operations.
+
+A decode step pushes a few rows (one token per sequence) through the model. For a small model on a CPU the matrix
+products are then a minority of the time: the rest is the module calls, views, transposes and copies of a general
+forward pass written for any shape. This step computes the same function with the hidden state held as columns
+`(hidden, rows)`, so every linear layer is one `W @ X` product straight from the stored weight (the layout BLAS
+serves fastest for a few rows), q/k/v and gate/up are each one product, and nothing is transposed or copied between
+layers. Normalisation, rotary embeddings, attention and dtype casts follow the model's own modules, so the logits
+equal the model's up to float rounding (tested).
+
+Only models whose parts are exactly the plain modules are taken (`column_step` returns None otherwise: PEFT layers,
+hooks, other architectures, attention dropout in training mode); the caller then runs the model itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+
+
+def column_step(model):
+    """A `ColumnStep` for `model`, or None when this model is not one it can follow exactly."""
+    reason = unsupported_reason(model)
+    return None if reason else ColumnStep(model)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot use the column step, or None when it can."""
+    if type(model).__name__ not in ARCHITECTURES:
+        return f"architecture {type(model).__name__}"
+    config = model.config
+    if model.training and getattr(config, "attention_dropout", 0.0):
+        return "attention dropout in training mode"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp"
+    linears = [model.lm_head]
+    norms = [model.model.norm]
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if getattr(attn, "sliding_window", None):
+            return "sliding-window attention"
+        linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    if any(type(m) is not nn.Linear for m in linears):
+        return "a linear layer that is not a plain nn.Linear (e.g. PEFT)"
+    if any(not type(m).__name__.endswith("RMSNorm") or not hasattr(m, "variance_epsilon") for m in norms):
+        return "a normalisation layer that is not the plain RMSNorm"
+    if type(model.model.embed_tokens) is not nn.Embedding:
+        return "an embedding that is not a plain nn.Embedding"
+    for module in model.modules():
+        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
+            return f"a hook or patched forward on {type(module).__name__}"
+    return None
+
+
+def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """The model's RMSNorm of rows `x` `(n, hidden)`, with its dtype casts."""
+    h = nn.functional.rms_norm(x.to(torch.float32), x.shape[-1:], eps=norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of `x` `(heads, head_dim, rows)` with `cos`, `sin` `(head_dim, rows)`."""
+    half = x.size(1) // 2
+    rotated = torch.cat((-x[:, half:], x[:, :half]), dim=1)
+    return x * cos + rotated * sin
+
+
+class _Layer:
+    """One decoder layer's weights, with q/k/v and gate/up stacked so each is one product."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv_weight = torch.cat([p.weight for p in projections])
+        biases = [p.bias for p in projections]
+        self.qkv_bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else p.weight.new_zeros(p.out_features) for p, b in zip(projections, biases)]
+        )[:, None]
+        self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
+        self.head_dim, self.scaling = attn.head_dim, attn.scaling
+        self.o_proj = attn.o_proj
+        self.gate_up_weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        gate_bias, up_bias = mlp.gate_proj.bias, mlp.up_proj.bias
+        self.gate_up_bias = None if gate_bias is None else torch.cat([gate_bias, up_bias])[:, None]
+        self.ff = mlp.gate_proj.out_features
+        self.down_proj, self.act = mlp.down_proj, mlp.act_fn
+
+
+def _linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """`weight @ x^T (+ bias)`, `(out, n)`, for rows `x` `(n, in)`; `bias` is `(out, 1)` or None. With `x` row-major,
+    `x^T` is the column-major operand BLAS multiplies fastest for a few rows."""
+    return torch.mm(weight, x.t()) if bias is None else torch.addmm(bias, weight, x.t())
+
+
+def _bias_column(linear: nn.Linear) -> Tensor | None:
+    return None if linear.bias is None else linear.bias[:, None]
+
+
+class ColumnStep:
+    """Callable `(tokens (n,), positions (n,), attention_mask (n, L) or None, cache) -> logits (n, V)`: the model's
+    next-token logits for one new token per row, appending the token's keys and values to `cache` (a cache of
+    layers with `update(keys, values)`, as `decoding.BufferedLayer`). Weights are read when the step is built, so
+    build one per `generate` call."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.embed = model.model.embed_tokens.weight
+        self.final_norm = model.model.norm
+        self.lm_head = model.lm_head
+
+    @torch.no_grad()
+    def __call__(self, tokens: Tensor, positions: Tensor, attention_mask: Tensor | None, cache) -> Tensor:
+        rows = tokens.size(0)
+        x = self.embed[tokens]  # (n, d)
+        cos, sin = self.model.model.rotary_emb(x, positions[:, None])  # (n, 1, head_dim), in x's dtype
+        cos, sin = cos[:, 0].t(), sin[:, 0].t()  # (head_dim, n)
+        bias = None
+        if attention_mask is not None:  # (n, L + 1) of 0/1 -> additive (n, 1, L + 1)
+            bias = torch.zeros(attention_mask.shape, dtype=torch.float32, device=x.device)
+            bias = bias.masked_fill_(attention_mask == 0, torch.finfo(torch.float32).min)[:, None]
+        for index, layer in enumerate(self.layers):
+            qkv = _linear(layer.qkv_weight, layer.qkv_bias, _rms_norm(layer.input_norm, x))  # (q + 2 kv, n)
+            qk = _rotate(qkv[: layer.q_size + layer.kv_size].view(-1, layer.head_dim, rows), cos, sin)
+            q, k = qk[: layer.q_size // layer.head_dim], qk[layer.q_size // layer.head_dim :]  # (Hq | Hkv, D, n)
+            v = qkv[layer.q_size + layer.kv_size :].view(-1, layer.head_dim, rows)
+            keys, values = cache.layers[index].update(k.permute(2, 0, 1)[:, :, None], v.permute(2, 0, 1)[:, :, None])
+            attended = _attend(q, keys, values, bias, layer.scaling)  # (n, Hq * D)
+            x = x + _linear(layer.o_proj.weight, _bias_column(layer.o_proj), attended).t()
+            gate_up = _linear(layer.gate_up_weight, layer.gate_up_bias, _rms_norm(layer.post_norm, x))  # (2 ff, n)
+            h = layer.act(gate_up[: layer.ff]) * gate_up[layer.ff :]  # (ff, n)
+            x = x + _linear(layer.down_proj.weight, _bias_column(layer.down_proj), h.t().contiguous()).t()
+        x = _rms_norm(self.final_norm, x)
+        return _linear(self.lm_head.weight, _bias_column(self.lm_head), x).t()  # (n, V)
+
+
+def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, scaling: float) -> Tensor:
+    """Attention of one query per row, `q` `(Hq, D, n)`, over `keys`, `values` `(n, Hkv, L, D)`, with an additive
+    `bias` `(n, 1, L)` or None; returns `(n, Hq * D)`. Each key/value head serves its `Hq / Hkv` query heads without
+    being repeated; the softmax runs in float32, as the model's own attention."""
+    rows, kv_heads, length, head_dim = keys.shape
+    queries = q.permute(2, 0, 1).reshape(rows * kv_heads, -1, head_dim)  # (n Hkv, g, D)
+    scores = torch.bmm(queries, keys.reshape(rows * kv_heads, length, head_dim).transpose(1, 2))  # (n Hkv, g, L)
+    scores = scores.view(rows, -1, length).to(torch.float32) * scaling
+    if bias is not None:
+        scores = scores + bias
+    weights = scores.softmax(dim=-1).to(q.dtype).view(rows * kv_heads, -1, length)
+    return torch.bmm(weights, values.reshape(rows * kv_heads, length, head_dim)).view(rows, -1)
