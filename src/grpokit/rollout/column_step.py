@@ -17,6 +17,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .kv_cache import GroupedLayer, buffered_cache, grouped_cache
+
+# Prompts at least this long are kept once per group in the KV cache (shorter ones cost more in index shuffling
+# than reading them once per row).
+GROUPED_PROMPT_MIN = 64
+
 ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 
 
@@ -76,10 +82,8 @@ class _Layer:
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.qkv_weight = torch.cat([p.weight for p in projections])
-        biases = [p.bias for p in projections]
-        self.qkv_bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else p.weight.new_zeros(p.out_features) for p, b in zip(projections, biases)]
-        )[:, None]
+        biases = [p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections]
+        self.qkv_bias = None if all(p.bias is None for p in projections) else torch.cat(biases)[:, None]
         self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.o_proj = attn.o_proj
@@ -102,9 +106,8 @@ def _bias_column(linear: nn.Linear) -> Tensor | None:
 
 class ColumnStep:
     """Callable `(tokens (n,), positions (n,), attention_mask (n, L) or None, cache) -> logits (n, V)`: the model's
-    next-token logits for one new token per row, appending the token's keys and values to `cache` (a cache of
-    layers with `update(keys, values)`, as `decoding.BufferedLayer`). Weights are read when the step is built, so
-    build one per `generate` call."""
+    next-token logits for one new token per row, appending the token's keys and values to `cache` (made by
+    `self.cache`). Weights are read when the step is built, so build one per `generate` call."""
 
     def __init__(self, model):
         self.model = model
@@ -112,6 +115,18 @@ class ColumnStep:
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm
         self.lm_head = model.lm_head
+
+    def cache(self, prefill_cache, inverse: Tensor, *, capacity: int):
+        """The KV cache for rows `inverse` `(n,)` of the G prompts in `prefill_cache`: prompts kept once per group when
+        the rows come in whole groups in order and the prompts are long, else per-row buffers."""
+        groups = int(inverse.max()) + 1
+        group_size = inverse.numel() // groups
+        in_order = bool(
+            torch.equal(inverse, torch.arange(groups, device=inverse.device).repeat_interleave(group_size))
+        )
+        if group_size > 1 and in_order and prefill_cache.get_seq_length() >= GROUPED_PROMPT_MIN:
+            return grouped_cache(prefill_cache, group_size, capacity=capacity)
+        return buffered_cache(prefill_cache, inverse, capacity=capacity)
 
     @torch.no_grad()
     def __call__(self, tokens: Tensor, positions: Tensor, attention_mask: Tensor | None, cache) -> Tensor:
@@ -128,8 +143,14 @@ class ColumnStep:
             qk = _rotate(qkv[: layer.q_size + layer.kv_size].view(-1, layer.head_dim, rows), cos, sin)
             q, k = qk[: layer.q_size // layer.head_dim], qk[layer.q_size // layer.head_dim :]  # (Hq | Hkv, D, n)
             v = qkv[layer.q_size + layer.kv_size :].view(-1, layer.head_dim, rows)
-            keys, values = cache.layers[index].update(k.permute(2, 0, 1)[:, :, None], v.permute(2, 0, 1)[:, :, None])
-            attended = _attend(q, keys, values, bias, layer.scaling)  # (n, Hq * D)
+            layer_cache = cache.layers[index]
+            keys, values = layer_cache.update(k.permute(2, 0, 1)[:, :, None], v.permute(2, 0, 1)[:, :, None])
+            if isinstance(layer_cache, GroupedLayer):
+                attended = _attend_grouped(
+                    q, layer_cache.prompt_keys, layer_cache.prompt_values, keys, values, bias, layer.scaling
+                )
+            else:
+                attended = _attend(q, keys, values, bias, layer.scaling)  # (n, Hq * D)
             x = x + _linear(layer.o_proj.weight, _bias_column(layer.o_proj), attended).t()
             gate_up = _linear(layer.gate_up_weight, layer.gate_up_bias, _rms_norm(layer.post_norm, x))  # (2 ff, n)
             h = layer.act(gate_up[: layer.ff]) * gate_up[layer.ff :]  # (ff, n)
@@ -150,3 +171,41 @@ def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, scalin
         scores = scores + bias
     weights = scores.softmax(dim=-1).to(q.dtype).view(rows * kv_heads, -1, length)
     return torch.bmm(weights, values.reshape(rows * kv_heads, length, head_dim)).view(rows, -1)
+
+
+def _attend_grouped(
+    q: Tensor, prompt_keys: Tensor, prompt_values: Tensor, keys: Tensor, values: Tensor, bias, scaling: float
+) -> Tensor:
+    """`_attend` for rows in G groups of m consecutive rows sharing a prompt: the prompts' keys and values
+    `(G, Hkv, P, D)` are read once per group, the rows' own `keys`, `values` `(n, Hkv, t, D)` once per row; `bias`
+    `(n, 1, P + t)` covers both. One softmax over the prompt's and the row's positions, as plain attention."""
+    groups, kv_heads, prompt_len, head_dim = prompt_keys.shape
+    rows, length = keys.size(0), keys.size(2)
+    per_group = rows // groups
+    queries = q.permute(2, 0, 1).reshape(groups, per_group, kv_heads, -1, head_dim)  # (G, m, Hkv, g, D)
+    grouped = queries.transpose(1, 2).reshape(groups * kv_heads, -1, head_dim)  # (G Hkv, m g, D)
+    prompt_scores = torch.bmm(grouped, prompt_keys.view(groups * kv_heads, prompt_len, head_dim).transpose(1, 2))
+    prompt_scores = prompt_scores.view(groups, kv_heads, per_group, -1, prompt_len).transpose(
+        1, 2
+    )  # (G, m, Hkv, g, P)
+    own_scores = torch.bmm(
+        queries.reshape(rows * kv_heads, -1, head_dim), keys.reshape(rows * kv_heads, length, head_dim).transpose(1, 2)
+    )  # (n Hkv, g, t)
+    scores = (
+        torch.cat([prompt_scores.reshape(rows, -1, prompt_len), own_scores.view(rows, -1, length)], dim=-1).to(
+            torch.float32
+        )
+        * scaling
+    )  # (n, Hq, P + t)
+    if bias is not None:
+        scores = scores + bias
+    weights = scores.softmax(dim=-1).to(q.dtype)
+    prompt_weights = weights[..., :prompt_len].reshape(groups, per_group, kv_heads, -1, prompt_len)
+    prompt_weights = prompt_weights.transpose(1, 2).reshape(groups * kv_heads, -1, prompt_len)  # (G Hkv, m g, P)
+    from_prompt = torch.bmm(prompt_weights, prompt_values.view(groups * kv_heads, prompt_len, head_dim))
+    from_prompt = from_prompt.view(groups, kv_heads, per_group, -1, head_dim).transpose(1, 2)  # (G, m, Hkv, g, D)
+    own = torch.bmm(
+        weights[..., prompt_len:].reshape(rows * kv_heads, -1, length),
+        values.reshape(rows * kv_heads, length, head_dim),
+    )  # (n Hkv, g, D)
+    return from_prompt.reshape(rows, -1) + own.view(rows, -1)

@@ -24,10 +24,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.configuration_utils import GenerationMode
 
 from .column_step import column_step
+from .kv_cache import buffered_cache, ungrouped
 from .prefix import prompt_groups
 
 # Finished rows leave the decode batch once they are at least this share of it (each removal copies the KV cache).
@@ -62,7 +63,7 @@ def shared_prefix_decoding(
             input_ids,
             attention_mask,
             position_ids[:, -1],
-            buffered_cache(prefill_cache, inverse, capacity=generation_config.max_length),
+            step.cache(prefill_cache, inverse, capacity=generation_config.max_length),
             pad_id=_pad_id(generation_config),
             can_drop_rows=not _holds_row_state([*logits_processor, *stopping_criteria], input_ids.size(0)),
         )
@@ -79,12 +80,33 @@ def shared_prefix_decoding(
 
 
 def decode_step(model):
-    """`state -> (n, V)` next-token logits for the rows in the decode batch: on CPU, the column step of
-    `column_step.py` when it can follow this model exactly; otherwise the model's own forward pass."""
+    """The decode step for `model`: on CPU, the column step of `column_step.py` when it can follow this model
+    exactly; otherwise the model's own forward pass. Called with the decode state, it returns the `(n, V)` next-token
+    logits of the rows in the batch; its `cache(prefill_cache, inverse, capacity=...)` makes the KV cache it reads."""
     fast = column_step(model) if next(model.parameters()).device.type == "cpu" else None
-    if fast is not None:
-        return lambda state: fast(state.next_tokens, state.positions, state.attention_mask, state.cache)
-    return lambda state: model(**state.model_inputs(), use_cache=True).logits[:, -1]
+    return _ColumnDecodeStep(fast) if fast is not None else _ModelDecodeStep(model)
+
+
+class _ModelDecodeStep:
+    def __init__(self, model):
+        self.model = model
+
+    def cache(self, prefill_cache, inverse: Tensor, *, capacity: int):
+        return buffered_cache(prefill_cache, inverse, capacity=capacity)
+
+    def __call__(self, state) -> Tensor:
+        return self.model(**state.model_inputs(), use_cache=True).logits[:, -1]
+
+
+class _ColumnDecodeStep:
+    def __init__(self, step):
+        self.step = step
+
+    def cache(self, prefill_cache, inverse: Tensor, *, capacity: int):
+        return self.step.cache(prefill_cache, inverse, capacity=capacity)
+
+    def __call__(self, state) -> Tensor:
+        return self.step(state.next_tokens, state.positions, state.attention_mask, state.cache)
 
 
 def sample(scores: Tensor) -> Tensor:
@@ -175,6 +197,7 @@ class _DecodeState:
         self.next_tokens, self.finished = self.next_tokens[index], self.finished[index]
         if self.attention_mask is not None:
             self.attention_mask = self.attention_mask[index]
+        self.cache = ungrouped(self.cache)  # prompts kept once per group need the rows in whole groups
         self.cache.batch_select_indices(index)
 
     def model_inputs(self) -> dict:
@@ -192,48 +215,6 @@ class _DecodeState:
         for step, (rows, tokens) in enumerate(self.steps):
             completions[rows, step] = tokens
         return torch.cat([prompt_ids, completions], dim=1)
-
-
-# ------------------------------------------------------------------------------------------------ the KV cache
-
-
-class BufferedLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values `(B, H, length, D)` are views of `(B, H, capacity, D)` buffers:
-    appending writes in place instead of concatenating the whole cache."""
-
-    def __init__(self, keys: Tensor, values: Tensor, capacity: int):
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.length = 0
-        self.key_buffer = keys.new_empty(*keys.shape[:2], max(capacity, keys.size(2)), keys.size(3))
-        self.value_buffer = values.new_empty(*values.shape[:2], self.key_buffer.size(2), values.size(3))
-        self.is_initialized = True
-        self.update(keys, values)
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        end = self.length + key_states.size(2)
-        if end > self.key_buffer.size(2):  # more than planned: grow
-            grow = (0, 0, 0, end - self.key_buffer.size(2))
-            self.key_buffer = nn.functional.pad(self.key_buffer, grow)
-            self.value_buffer = nn.functional.pad(self.value_buffer, grow)
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
-        self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
-
-
-def buffered_cache(cache: DynamicCache, index: Tensor, *, capacity: int) -> Cache:
-    """A cache of `BufferedLayer`s whose row b holds row `index[b]` of the filled `cache`, with room for `capacity`
-    positions per layer."""
-    return Cache(layers=[BufferedLayer(layer.keys[index], layer.values[index], capacity) for layer in cache.layers])
 
 
 # ------------------------------------------------------------------------------------------------ linear layers
