@@ -21,14 +21,17 @@ def test_prompt_groups_by_hand():
     assert unique_index.tolist() == [0, 1, 2, 3] and inverse.tolist() == [0, 1, 2, 3, 1]
 
 
-def grpo_batch(prompt_len=7, completion_len=5, groups=3, group_size=4, seed=0):
-    """Groups of completions of left-padded prompts, rows shuffled (as in a micro-batch), completions right-padded."""
+def grpo_batch(prompt_len=7, completion_len=5, groups=3, group_size=4, seed=0, shuffle=True):
+    """Groups of completions of left-padded prompts, rows shuffled (as in a micro-batch) unless `shuffle` is False,
+    completions right-padded."""
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.randint(7, 90, (groups, prompt_len), generator=generator)
     prompt_mask = torch.ones(groups, prompt_len, dtype=torch.long)
     prompt_mask[1, :3] = 0
     prompt_mask[2, :1] = 0
     rows = torch.randperm(groups * group_size, generator=generator)
+    if not shuffle:
+        rows = torch.arange(groups * group_size)
     prompt_ids = (prompts * prompt_mask).repeat_interleave(group_size, 0)[rows]
     prompt_mask = prompt_mask.repeat_interleave(group_size, 0)[rows]
     lengths = torch.randint(1, completion_len + 1, (groups * group_size,), generator=generator)
@@ -66,6 +69,36 @@ def test_same_numbers_and_gradients_as_the_plain_pass(tiny_model, chunk_size, en
     plain = scores_and_grads(tiny_model, ids, mask, completion_mask, share_prefix=False, entropy_grad=entropy_grad)
     shared = scores_and_grads(tiny_model, ids, mask, completion_mask, chunk_size=chunk_size, entropy_grad=entropy_grad)
     assert_same(plain, shared)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, shuffle):
+    """Llama-family models on CPU: the completion pass's own attention reads each prompt once per group when the
+    rows come grouped in order, once per row otherwise; the same numbers and gradients as the plain pass."""
+    import grpokit.rollout.prefix_attention as prefix_attention
+
+    assert shared_prefix_model(tiny_model) is tiny_model  # its one-time check against the plain pass, done here
+    group_sizes = []
+    original = prefix_attention.grouped_attention
+    monkeypatch.setattr(prefix_attention, "grouped_attention", lambda *a: group_sizes.append(a[-1]) or original(*a))
+    ids, mask, completion_mask = grpo_batch(shuffle=shuffle)
+    plain = scores_and_grads(tiny_model, ids, mask, completion_mask, share_prefix=False)
+    assert group_sizes == []
+    shared = scores_and_grads(tiny_model, ids, mask, completion_mask)
+    assert group_sizes == [1 if shuffle else 4] * tiny_model.config.num_hidden_layers
+    assert_same(plain, shared)
+
+
+def test_the_models_own_attention_past_the_scores_budget(tiny_model, monkeypatch):
+    import grpokit.rollout.prefix_attention as prefix_attention
+
+    monkeypatch.setattr(prefix_attention, "SCORES_BUDGET", 10)
+    monkeypatch.setattr(prefix_attention, "grouped_attention", None)  # would raise if called
+    ids, mask, completion_mask = grpo_batch(shuffle=False)
+    assert_same(
+        scores_and_grads(tiny_model, ids, mask, completion_mask, share_prefix=False),
+        scores_and_grads(tiny_model, ids, mask, completion_mask),
+    )
 
 
 def test_single_token_completions(tiny_model):

@@ -22,6 +22,8 @@ from torch import Tensor, nn
 
 from grpokit.algorithms.logprobs import linear_token_logps
 
+from .prefix_attention import completion_hidden_states, fits, grouped_attention_model
+
 logger = logging.getLogger(__name__)
 
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> passed the numerical check
@@ -139,14 +141,11 @@ def score_shared_prefix(
         `(B, C)` float32 log-probabilities and entropies (or None); 0 where the completion is padding.
     """
     prompt_len = input_ids.size(1) - logits_to_keep
-    decoder = lm.get_decoder()
     unique_index, inverse = prompt_groups(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
     if _sharing_pays(len(unique_index), *input_ids.shape, prompt_len):
-        hidden = _hidden_states_shared(
-            decoder, lm.config, input_ids, attention_mask, prompt_len, unique_index, inverse
-        )
+        hidden = _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
     else:
-        hidden = _hidden_states_every_row(decoder, input_ids, attention_mask, prompt_len)
+        hidden = _hidden_states_every_row(lm.get_decoder(), input_ids, attention_mask, prompt_len)
     active = attention_mask[:, prompt_len:].bool()  # (B, C)
     head = lm.get_output_embeddings()
     labels = input_ids[:, prompt_len:][active]
@@ -174,13 +173,15 @@ def _hidden_states_every_row(decoder, input_ids: Tensor, attention_mask: Tensor,
     return hidden.last_hidden_state[:, prompt_len - 1 :]
 
 
-def _hidden_states_shared(decoder, config, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
+def _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
     """`(B, C, d)` last hidden states at the positions that predict the C completion tokens: the prompt's last position
     (from the pass over the G distinct prompts `(G, P)`), then the completion's first C - 1 positions `(B, C - 1)`,
-    attending to the prompt's keys and values indexed out to the rows."""
+    attending to the prompt's keys and values: read once per group (`prefix_attention`, Llama-family models on CPU)
+    or indexed out to the rows (the model's own attention)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=config)
+    decoder = lm.get_decoder()
+    cache = DynamicCache(config=lm.config)
     prompt = decoder(
         input_ids=input_ids[unique_index, :prompt_len],
         attention_mask=attention_mask[unique_index, :prompt_len],
@@ -190,6 +191,13 @@ def _hidden_states_shared(decoder, config, input_ids, attention_mask, prompt_len
     first = prompt[:, -1:].index_select(0, inverse)  # (B, 1, d): predicts the first completion token
     if input_ids.size(1) - prompt_len == 1:
         return first
+    if grouped_attention_model(lm) and fits(
+        input_ids.size(0), lm.config.num_attention_heads, input_ids.size(1) - prompt_len - 1, prompt_len
+    ):
+        rest = completion_hidden_states(
+            lm, cache, input_ids[:, prompt_len:-1], attention_mask[unique_index, :prompt_len], inverse
+        )
+        return torch.cat([first, rest], dim=1)
     # (G, H, P, D) -> (B, H, P, D) keys and values; the backward pass sums the rows' gradients into the prompt.
     # `index_select` rather than `cache.batch_select_indices`: its backward (an index_add) is ~6x faster on CPU.
     for layer in cache.layers:
