@@ -71,21 +71,25 @@ def test_same_numbers_and_gradients_as_the_plain_pass(tiny_model, chunk_size, en
     assert_same(plain, shared)
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, shuffle):
+@pytest.mark.parametrize("batch, group_size", [("in order", 4), ("shuffled", 4), ("uneven", 1)])
+def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, batch, group_size):
     """Llama-family models on CPU: the completion pass's own attention reads each prompt once per group when the
-    rows come grouped in order, once per row otherwise; the same numbers and gradients as the plain pass."""
+    rows hold whole groups (sorted into group order if shuffled), once per row when the groups are uneven (a
+    micro-batch that splits them); the same numbers and gradients as the plain pass either way."""
     import grpokit.rollout.prefix_attention as prefix_attention
 
     assert shared_prefix_model(tiny_model) is tiny_model  # its one-time check against the plain pass, done here
     group_sizes = []
     original = prefix_attention.grouped_attention
     monkeypatch.setattr(prefix_attention, "grouped_attention", lambda *a: group_sizes.append(a[-1]) or original(*a))
-    ids, mask, completion_mask = grpo_batch(shuffle=shuffle)
+    ids, mask, completion_mask = grpo_batch(shuffle=batch == "shuffled")
+    if batch == "uneven":  # 4, 3 and 2 rows of the three groups
+        rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 9])
+        ids, mask, completion_mask = ids[rows], mask[rows], completion_mask[rows]
     plain = scores_and_grads(tiny_model, ids, mask, completion_mask, share_prefix=False)
     assert group_sizes == []
     shared = scores_and_grads(tiny_model, ids, mask, completion_mask)
-    assert group_sizes == [1 if shuffle else 4] * tiny_model.config.num_hidden_layers
+    assert group_sizes == [group_size] * tiny_model.config.num_hidden_layers
     assert_same(plain, shared)
 
 

@@ -45,15 +45,25 @@ def completion_hidden_states(lm, cache, completion_ids: Tensor, prompt_mask: Ten
     """`(B, C, d)` last hidden states (after the final norm) of `completion_ids` `(B, C)` following the G prompts whose
     keys and values fill `cache` (`(G, Hkv, P, D)` per layer, left-padded as `prompt_mask` `(G, P)`); row b continues
     prompt `inverse[b]`. Positions P, P + 1, ... as in the plain pass over the padded sequence."""
+    rows, groups = completion_ids.size(0), prompt_mask.size(0)
+    counts = torch.bincount(inverse, minlength=groups)
+    if bool((counts == counts[0]).all()) and int(counts[0]) > 1:  # whole groups: sort the rows into group order
+        order = torch.argsort(inverse, stable=True)
+        in_order = bool(torch.equal(order, torch.arange(rows, device=order.device)))
+        hidden = _grouped_pass(lm, cache, completion_ids if in_order else completion_ids[order], prompt_mask, None)
+        return hidden if in_order else hidden.index_select(0, torch.argsort(order))
+    return _grouped_pass(lm, cache, completion_ids, prompt_mask, inverse)
+
+
+def _grouped_pass(lm, cache, completion_ids: Tensor, prompt_mask: Tensor, inverse: Tensor | None) -> Tensor:
+    """`completion_hidden_states` for rows in whole groups, in order (`inverse` None), or for any rows, each its own
+    group (`inverse` maps rows to prompts, whose keys and values are then copied to the rows)."""
     backbone = lm.model
     rows, length = completion_ids.shape
-    groups, prompt_len = prompt_mask.shape
-    group_size = rows // groups
-    in_order = rows == groups * group_size and torch.equal(
-        inverse, torch.arange(groups, device=inverse.device).repeat_interleave(group_size)
-    )
-    if not in_order:  # each row its own group: the prompt's keys copied to the rows
-        group_size, prompt_mask = 1, prompt_mask[inverse]
+    prompt_len = prompt_mask.size(1)
+    group_size = rows // prompt_mask.size(0) if inverse is None else 1
+    if inverse is not None:
+        prompt_mask = prompt_mask[inverse]
     x = backbone.embed_tokens(completion_ids)  # (B, C, d)
     positions = torch.arange(prompt_len, prompt_len + length, device=x.device).expand(rows, -1)
     cos, sin = backbone.rotary_emb(x, positions)  # (B, C, D)
@@ -72,8 +82,8 @@ def completion_hidden_states(lm, cache, completion_ids: Tensor, prompt_mask: Ten
         )
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         prompt_keys, prompt_values = cache.layers[index].keys, cache.layers[index].values  # (G, Hkv, P, D)
-        if group_size == 1:
-            prompt_keys, prompt_values = prompt_keys[inverse], prompt_values[inverse]
+        if inverse is not None:  # index_select: its backward (index_add) is far faster than indexing's on CPU
+            prompt_keys, prompt_values = prompt_keys.index_select(0, inverse), prompt_values.index_select(0, inverse)
         attended = grouped_attention(
             q, k, v, prompt_keys, prompt_values, prompt_bias, causal_bias, attn.scaling, group_size
         )  # (B, C, Hq D)
