@@ -255,6 +255,8 @@ ABLATIONS = {
     "decode-loop": "plain `generate` instead of the shared-prefix decoding loop",
     "sampler": "`torch.multinomial` (as `generate` samples) in the decoding loop",
     "column-step": "the model's own forward pass for decode steps (with the few-rows linear)",
+    "grouped-kv": "decode steps keep each prompt's KV cache per row instead of once per group",
+    "prefix-attention": "the model's own attention in the shared-prefix training pass (prompt KV copied to the rows)",
     "few-rows-linear": "`nn.functional.linear` in decode steps (and no column step)",
     "shared-scoring": "the plain forward pass for log-probabilities (no shared prefix, no fused LM head)",
 }
@@ -274,6 +276,14 @@ def ablate(trainer, name: str) -> None:
         decoding.sample = lambda scores: torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1)
     elif name == "column-step":
         decoding.column_step = lambda model: None
+    elif name == "grouped-kv":
+        import grpokit.rollout.column_step as column_step
+
+        column_step.GROUPED_PROMPT_MIN = 2**31
+    elif name == "prefix-attention":
+        import grpokit.rollout.prefix as prefix
+
+        prefix.grouped_attention_model = lambda lm: False
     elif name == "few-rows-linear":
         decoding.column_step = lambda model: None
         decoding.small_batch_linears = lambda model: contextlib.nullcontext()

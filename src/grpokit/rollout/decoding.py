@@ -170,12 +170,12 @@ class _DecodeState:
         self.positions = last_positions  # (n,) position of each row's last token
         self.cache = cache
         self.finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)  # (n,)
-        self.steps: list[tuple[Tensor, Tensor]] = []  # per step: (original rows still unfinished, their tokens)
+        self.steps: list[tuple[Tensor, Tensor]] = []  # per step: (original rows in the batch, their tokens or padding)
 
     def append(self, next_tokens: Tensor) -> None:
         """Add this step's tokens (padding for rows already finished, as `generate` does)."""
         next_tokens = next_tokens.masked_fill(self.finished, self.pad_id)
-        self.steps.append((self.rows[~self.finished], next_tokens[~self.finished]))
+        self.steps.append((self.rows, next_tokens))
         self.sequences = torch.cat([self.sequences, next_tokens[:, None]], dim=1)
         self.next_tokens = next_tokens
 
