@@ -21,14 +21,15 @@ def test_prompt_groups_by_hand():
     assert unique_index.tolist() == [0, 1, 2, 3] and inverse.tolist() == [0, 1, 2, 3, 1]
 
 
-def grpo_batch(prompt_len=7, completion_len=5, groups=3, group_size=4, seed=0, shuffle=True):
+def grpo_batch(prompt_len=7, completion_len=5, groups=3, group_size=4, seed=0, shuffle=True, pad=True):
     """Groups of completions of left-padded prompts, rows shuffled (as in a micro-batch) unless `shuffle` is False,
     completions right-padded."""
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.randint(7, 90, (groups, prompt_len), generator=generator)
     prompt_mask = torch.ones(groups, prompt_len, dtype=torch.long)
-    prompt_mask[1, :3] = 0
-    prompt_mask[2, :1] = 0
+    if pad:
+        prompt_mask[1, :3] = 0
+        prompt_mask[2, :1] = 0
     rows = torch.randperm(groups * group_size, generator=generator)
     if not shuffle:
         rows = torch.arange(groups * group_size)
@@ -71,7 +72,9 @@ def test_same_numbers_and_gradients_as_the_plain_pass(tiny_model, chunk_size, en
     assert_same(plain, shared)
 
 
-@pytest.mark.parametrize("batch, group_size", [("in order", 4), ("shuffled", 4), ("uneven", 1)])
+@pytest.mark.parametrize(
+    "batch, group_size", [("in order", 4), ("shuffled", 4), ("uneven", 1), ("one-token prompts", 4)]
+)
 def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, batch, group_size):
     """Llama-family models on CPU: the completion pass's own attention reads each prompt once per group when the
     rows hold whole groups (sorted into group order if shuffled), once per row when the groups are uneven (a
@@ -83,6 +86,8 @@ def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, batch
     original = prefix_attention.grouped_attention
     monkeypatch.setattr(prefix_attention, "grouped_attention", lambda *a: group_sizes.append(a[-1]) or original(*a))
     ids, mask, completion_mask = grpo_batch(shuffle=batch == "shuffled")
+    if batch == "one-token prompts":  # one pass even when prompts are too short for the model's own two passes
+        ids, mask, completion_mask = grpo_batch(prompt_len=1, pad=False)
     if batch == "uneven":  # 4, 3 and 2 rows of the three groups
         rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 8, 9])
         ids, mask, completion_mask = ids[rows], mask[rows], completion_mask[rows]

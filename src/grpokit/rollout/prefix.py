@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from grpokit.algorithms.logprobs import linear_token_logps
 
-from .prefix_attention import completion_hidden_states, fits, grouped_attention_model
+from . import prefix_attention
+from .prefix_attention import fits, grouped_attention_model
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,12 @@ def score_shared_prefix(
     """
     prompt_len = input_ids.size(1) - logits_to_keep
     unique_index, inverse = prompt_groups(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
-    if _sharing_pays(len(unique_index), *input_ids.shape, prompt_len):
+    heads, rows, groups = lm.config.num_attention_heads, input_ids.size(0), len(unique_index)
+    # (A prompt with no real token, all padding, is left to the model's own handling of fully masked rows.)
+    real_prompts = bool(attention_mask[:, :prompt_len].any(dim=1).all())
+    if real_prompts and grouped_attention_model(lm) and fits(rows, groups, heads, logits_to_keep - 1, prompt_len):
+        hidden = prefix_attention.hidden_states(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
+    elif _sharing_pays(groups, *input_ids.shape, prompt_len):
         hidden = _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
     else:
         hidden = _hidden_states_every_row(lm.get_decoder(), input_ids, attention_mask, prompt_len)
@@ -176,8 +182,7 @@ def _hidden_states_every_row(decoder, input_ids: Tensor, attention_mask: Tensor,
 def _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
     """`(B, C, d)` last hidden states at the positions that predict the C completion tokens: the prompt's last position
     (from the pass over the G distinct prompts `(G, P)`), then the completion's first C - 1 positions `(B, C - 1)`,
-    attending to the prompt's keys and values: read once per group (`prefix_attention`, Llama-family models on CPU)
-    or indexed out to the rows (the model's own attention)."""
+    attending to the prompt's keys and values indexed out to the rows."""
     from transformers import DynamicCache
 
     decoder = lm.get_decoder()
@@ -191,13 +196,6 @@ def _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_inde
     first = prompt[:, -1:].index_select(0, inverse)  # (B, 1, d): predicts the first completion token
     if input_ids.size(1) - prompt_len == 1:
         return first
-    if grouped_attention_model(lm) and fits(
-        input_ids.size(0), lm.config.num_attention_heads, input_ids.size(1) - prompt_len - 1, prompt_len
-    ):
-        rest = completion_hidden_states(
-            lm, cache, input_ids[:, prompt_len:-1], attention_mask[unique_index, :prompt_len], inverse
-        )
-        return torch.cat([first, rest], dim=1)
     # (G, H, P, D) -> (B, H, P, D) keys and values; the backward pass sums the rows' gradients into the prompt.
     # `index_select` rather than `cache.batch_select_indices`: its backward (an index_add) is ~6x faster on CPU.
     for layer in cache.layers:

@@ -1,16 +1,18 @@
-"""The completion pass of shared-prefix scoring for Llama-family models, with attention that reads each prompt's keys
-and values once per group (the Prefix Grouper idea).
+"""Shared-prefix scoring for Llama-family models in one pass: the distinct prompts and the completions go through the
+decoder layers together, and attention reads each prompt's keys and values once per group (the Prefix Grouper idea).
 
-`prefix._hidden_states_shared` runs the distinct prompts through the model once and then the completions on top.
-Through the model's own attention, that second pass needs the prompts' keys and values copied to every row, and its
-attention (and backward) works over `rows x heads x (prompt + completion)` keys. Here the decoder layers run with
-their own modules (norms, projections, MLP, so adapters such as LoRA still apply) except for attention: each group's
-queries meet its prompt's keys in one product, each row's queries meet its own completion's keys in another, and a
-single softmax spans both, so the result is plain attention over the whole sequence. The prompt's gradient sums over
-its group's rows through the products themselves.
+Through the model's own forward, shared-prefix scoring (`prefix._hidden_states_shared`) is two passes: the prompts,
+then the completions with the prompts' keys and values copied to every row. Here the decoder layers run once over the
+tokens of both, `G x P` prompt tokens and `B x (C - 1)` completion tokens, with the layers' own modules (norms,
+projections, MLP: adapters such as LoRA still apply); so every linear layer is one product (and one weight-gradient
+product) over all the tokens. Only attention differs: prompts attend causally within themselves; each group's
+completion queries meet their prompt's keys in one product per group, each row's queries its own completion's keys
+in another, and one softmax spans both, which is plain attention over the whole sequence. The prompt's gradient sums
+over its group's rows inside the products.
 
-Only Llama and Qwen2 models, on CPU, with no hooks on the layers whose forward this replaces; `prefix` checks the
-result against the model's plain forward pass once per model (`_agrees_with_plain_pass`).
+Positions are those of the plain pass over the padded sequence (0 .. P - 1 for the prompt, P .. for the completion),
+as transformers numbers them without position ids. Only Llama and Qwen2 models on CPU with no hooks on the layers
+whose forward this replaces; `prefix` also checks the result against the model's plain forward pass once per model.
 """
 
 from __future__ import annotations
@@ -37,63 +39,110 @@ def grouped_attention_model(lm) -> bool:
     return all(not getattr(layer.self_attn, "sliding_window", None) for layer in lm.model.layers)
 
 
-def fits(rows: int, heads: int, completion_len: int, prompt_len: int) -> bool:
-    return rows * heads * completion_len * (prompt_len + completion_len) <= SCORES_BUDGET
+def fits(rows: int, groups: int, heads: int, completion_len: int, prompt_len: int) -> bool:
+    """Whether the attention scores of `hidden_states` (prompts and completions) fit `SCORES_BUDGET`."""
+    completion = rows * completion_len * (prompt_len + completion_len)
+    return heads * (completion + groups * prompt_len * prompt_len) <= SCORES_BUDGET
 
 
-def completion_hidden_states(lm, cache, completion_ids: Tensor, prompt_mask: Tensor, inverse: Tensor) -> Tensor:
-    """`(B, C, d)` last hidden states (after the final norm) of `completion_ids` `(B, C)` following the G prompts whose
-    keys and values fill `cache` (`(G, Hkv, P, D)` per layer, left-padded as `prompt_mask` `(G, P)`); row b continues
-    prompt `inverse[b]`. Positions P, P + 1, ... as in the plain pass over the padded sequence."""
-    rows, groups = completion_ids.size(0), prompt_mask.size(0)
+def hidden_states(lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, unique_index, inverse) -> Tensor:
+    """`(B, C, d)` last hidden states (after the final norm) at the positions that predict the C completion tokens of
+    `input_ids` `(B, P + C)`: the last prompt position, then the completion's first C - 1. Prompt `unique_index[g]`
+    runs once; row b continues prompt `inverse[b]`."""
+    rows, groups = input_ids.size(0), unique_index.numel()
     counts = torch.bincount(inverse, minlength=groups)
-    if bool((counts == counts[0]).all()) and int(counts[0]) > 1:  # whole groups: sort the rows into group order
+    if bool((counts == counts[0]).all()):  # whole groups: sort the rows into group order
         order = torch.argsort(inverse, stable=True)
         in_order = bool(torch.equal(order, torch.arange(rows, device=order.device)))
-        hidden = _grouped_pass(lm, cache, completion_ids if in_order else completion_ids[order], prompt_mask, None)
+        unique_index = order[:: rows // groups]  # each group's first row, groups in order
+        hidden = _one_pass(
+            lm, input_ids if in_order else input_ids[order], attention_mask, prompt_len, unique_index, None
+        )
         return hidden if in_order else hidden.index_select(0, torch.argsort(order))
-    return _grouped_pass(lm, cache, completion_ids, prompt_mask, inverse)
+    return _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
 
 
-def _grouped_pass(lm, cache, completion_ids: Tensor, prompt_mask: Tensor, inverse: Tensor | None) -> Tensor:
-    """`completion_hidden_states` for rows in whole groups, in order (`inverse` None), or for any rows, each its own
-    group (`inverse` maps rows to prompts, whose keys and values are then copied to the rows)."""
+def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
+    """`hidden_states` for rows in whole groups, in order (`inverse` None; `unique_index` then indexes the original
+    rows, `attention_mask` too), or for any rows, each its own group for attention (`inverse` maps rows to prompts,
+    whose keys and values are then copied to the rows)."""
     backbone = lm.model
-    rows, length = completion_ids.shape
-    prompt_len = prompt_mask.size(1)
-    group_size = rows // prompt_mask.size(0) if inverse is None else 1
+    rows, groups = input_ids.size(0), unique_index.numel()
+    length = input_ids.size(1) - prompt_len - 1  # completion positions that predict a token
+    group_size = rows // groups if inverse is None else 1
+    prompt_ids = input_ids[:: rows // groups, :prompt_len] if inverse is None else input_ids[unique_index, :prompt_len]
+    prompt_mask = attention_mask[unique_index, :prompt_len]  # (G, P)
+    completion_ids = input_ids[:, prompt_len:-1]  # (B, C - 1)
+    tokens = torch.cat([prompt_ids.reshape(-1), completion_ids.reshape(-1)])  # (G P + B (C - 1),)
+    x = backbone.embed_tokens(tokens)[None]  # (1, N, d)
+    positions = torch.cat(
+        [torch.arange(prompt_len).repeat(groups), torch.arange(prompt_len, prompt_len + length).repeat(rows)]
+    ).to(x.device)
+    cos, sin = backbone.rotary_emb(x, positions[None])  # (1, N, D)
+    cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, D)
+    floor = torch.finfo(torch.float32).min
+    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=x.device).tril_()
+    prompt_self_bias = torch.zeros(groups, 1, 1, prompt_len, prompt_len, device=x.device).masked_fill_(
+        ~(causal & prompt_mask.bool()[:, None, None, None, :]), floor
+    )  # (G, 1, 1, P, P): causal, padding keys masked
     if inverse is not None:
         prompt_mask = prompt_mask[inverse]
-    x = backbone.embed_tokens(completion_ids)  # (B, C, d)
-    positions = torch.arange(prompt_len, prompt_len + length, device=x.device).expand(rows, -1)
-    cos, sin = backbone.rotary_emb(x, positions)  # (B, C, D)
-    cos, sin = cos[:, None], sin[:, None]  # (B, 1, C, D)
-    floor = torch.finfo(torch.float32).min
-    prompt_bias = torch.zeros(prompt_mask.shape, device=x.device).masked_fill_(prompt_mask == 0, floor)  # (G', P)
-    causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril_()
-    causal_bias = torch.zeros(length, length, device=x.device).masked_fill_(~causal, floor)  # (C, C)
+    prompt_bias = torch.zeros(prompt_mask.shape, device=x.device).masked_fill_(prompt_mask == 0, floor)
     prompt_bias = prompt_bias[:, None, None, None, None, :]  # (G', 1, 1, 1, 1, P), as the grouped prompt scores
-    for index, layer in enumerate(backbone.layers):
+    own = torch.ones(length, length, dtype=torch.bool, device=x.device).tril_()
+    causal_bias = torch.zeros(length, length, device=x.device).masked_fill_(~own, floor)  # (C - 1, C - 1)
+    split = groups * prompt_len
+    for layer in backbone.layers:
         attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q, k, v = (
-            proj(h).view(rows, length, -1, attn.head_dim).transpose(1, 2)  # (B, heads, C, D)
-            for proj in (attn.q_proj, attn.k_proj, attn.v_proj)
-        )
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        prompt_keys, prompt_values = cache.layers[index].keys, cache.layers[index].values  # (G, Hkv, P, D)
-        if inverse is not None:  # index_select: its backward (index_add) is far faster than indexing's on CPU
-            prompt_keys, prompt_values = prompt_keys.index_select(0, inverse), prompt_values.index_select(0, inverse)
-        attended = grouped_attention(
-            q, k, v, prompt_keys, prompt_values, prompt_bias, causal_bias, attn.scaling, group_size
-        )  # (B, C, Hq D)
-        x = x + attn.o_proj(attended)
+        h = layer.input_layernorm(x)[0]
+        q, k, v = (proj(h).view(h.size(0), -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # (N, heads, D)
+        prompt_q, prompt_k, prompt_v = (
+            t[:split].view(groups, prompt_len, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
+        )  # (G, heads, P, D)
+        attended = [_prompt_attention(prompt_q, prompt_k, prompt_v, prompt_self_bias, attn.scaling)]
+        if length:
+            keys, values = prompt_k, prompt_v
+            if inverse is not None:  # index_select: its backward (index_add) is far faster than indexing's on CPU
+                keys, values = keys.index_select(0, inverse), values.index_select(0, inverse)
+            completion_q, completion_k, completion_v = (
+                t[split:].view(rows, length, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
+            )  # (B, heads, C - 1, D)
+            attended.append(
+                grouped_attention(
+                    completion_q,
+                    completion_k,
+                    completion_v,
+                    keys,
+                    values,
+                    prompt_bias,
+                    causal_bias,
+                    attn.scaling,
+                    group_size,
+                ).reshape(rows * length, -1)
+            )
+        x = x + attn.o_proj(torch.cat(attended))[None]
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return backbone.norm(x)
+    x = backbone.norm(x)[0]
+    last = x[:split].view(groups, prompt_len, -1)[:, -1:]  # (G, 1, d): predicts each completion's first token
+    last = last.repeat_interleave(group_size, 0) if inverse is None else last.index_select(0, inverse)
+    return torch.cat([last, x[split:].view(rows, length, x.size(-1))], dim=1)
+
+
+def _prompt_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Tensor:
+    """Causal attention within the prompts: `q` `(G, Hq, P, D)`, `k`, `v` `(G, Hkv, P, D)`, additive `bias`
+    `(G, 1, 1, P, P)`; returns `(G P, Hq D)`."""
+    groups, q_heads, prompt_len, head_dim = q.shape
+    kv_heads = k.size(1)
+    scores = torch.matmul(q.reshape(groups, kv_heads, -1, prompt_len, head_dim), k[:, :, None].transpose(-1, -2))
+    weights = (scores.to(torch.float32) * scaling + bias).softmax(dim=-1).to(q.dtype)  # (G, Hkv, g, P, P)
+    out = torch.matmul(weights, v[:, :, None])  # (G, Hkv, g, P, D)
+    return out.reshape(groups, q_heads, prompt_len, head_dim).transpose(1, 2).reshape(groups * prompt_len, -1)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of `x` `(B, heads, C, D)` (the model's formula: x cos + rotate_half(x) sin)."""
+    """Rotary embedding of `x` `(N, heads, D)` with `cos`, `sin` `(N, 1, D)` (the model's formula: x cos +
+    rotate_half(x) sin)."""
     half = x.size(-1) // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
