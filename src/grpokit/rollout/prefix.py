@@ -1,11 +1,15 @@
-"""Shared-prefix scoring: each distinct prompt goes through the model once, its completions attend to its KV cache.
+"""Shared-prefix scoring: each distinct prompt goes through the model once, its completions attend to its keys and values.
 
 A GRPO batch holds `num_generations` completions of each prompt. The plain forward pass runs `(B, P + C)` tokens;
-here the distinct prompts run once (`(G, P)`, with gradient), their keys and values are indexed out to the B rows
-(the backward pass sums the rows' gradients back into the prompt), and the completions run on top (`(B, C - 1)`:
-the last completion token predicts nothing). The LM head and log-softmax then run fused and chunked on the
-completion positions that count (`linear_token_logps`). Log-probabilities and gradients equal the plain pass's up to
-float rounding: same positions (0, 1, ... as in the plain pass), same masks, same weights.
+here the distinct prompts run once (`(G, P)`, with gradient) and the completions run on top (`(B, C - 1)`: the last
+completion token predicts nothing). The LM head and log-softmax then run fused and chunked on the completion
+positions that count (`linear_token_logps`). Log-probabilities and gradients equal the plain pass's up to float
+rounding: same positions (0, 1, ... as in the plain pass), same masks, same weights.
+
+Two ways to run it. For Llama-family models on CPU, `prefix_attention` runs prompts and completions through the
+decoder layers in one pass, with attention that reads each prompt once per group (any prompt length). Otherwise the
+model's own forward runs twice, the prompts and then the completions with the prompts' keys and values indexed out
+to the rows (when that saves enough tokens; else one pass over every row).
 
 This needs a standard transformers causal LM: `get_decoder()` returns the backbone, the logits are
 `lm_head(last hidden state)`, the KV cache is a plain `DynamicCache`. `shared_prefix_model` checks that (once per
