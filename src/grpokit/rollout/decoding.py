@@ -166,6 +166,8 @@ class _DecodeState:
         self.can_drop_rows = can_drop_rows
         self.rows = torch.arange(input_ids.size(0), device=input_ids.device)  # (n,) original row of each batch row
         self.sequences = input_ids  # (n, P + t) prompt and tokens so far
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # nothing to mask: each step then skips extending and applying it
         self.attention_mask = attention_mask  # (n, P + t) or None (no padding anywhere)
         self.positions = last_positions  # (n,) position of each row's last token
         self.cache = cache
