@@ -9,7 +9,14 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 import grpokit.rollout.column_step as column
 import grpokit.rollout.decoding as decoding
 from grpokit.rollout.generate import TransformersGenerator
-from grpokit.rollout.kv_cache import BufferedLayer, GroupedLayer, buffered_cache, grouped_cache, ungrouped
+from grpokit.rollout.kv_cache import (
+    BufferedLayer,
+    GroupedLayer,
+    buffered_cache,
+    cache_kwarg,
+    grouped_cache,
+    ungrouped,
+)
 from grpokit.tiny import build_model
 
 PAD, EOS = 0, 1
@@ -41,11 +48,15 @@ def llama_with_biases():
     return LlamaForCausalLM(config)
 
 
+def cache_arg(model, cache):
+    return {cache_kwarg(model.forward): cache}
+
+
 def prefill(model, ids, mask):
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache_arg(model, cache))
     return cache, positions[:, -1]
 
 
@@ -74,7 +85,7 @@ def test_logits_equal_the_models_step_after_step(tiny_tokenizer, arch, grouped):
                 input_ids=tokens[:, None],
                 attention_mask=mask,
                 position_ids=positions[:, None],
-                past_key_values=theirs,
+                **cache_arg(model, theirs),
                 use_cache=True,
             ).logits[:, -1]
             assert got.shape == expected.shape == (6, vocab)

@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.configuration_utils import GenerationMode
 
 from .column_step import column_step
-from .kv_cache import buffered_cache, ungrouped
+from .kv_cache import buffered_cache, cache_kwarg, ungrouped
 from .prefix import prompt_groups
 
 # Finished rows leave the decode batch once they are at least this share of it (each removal copies the KV cache).
@@ -55,7 +55,7 @@ def shared_prefix_decoding(
             input_ids=input_ids[unique_index],
             attention_mask=None if attention_mask is None else attention_mask[unique_index],
             position_ids=position_ids[unique_index],
-            past_key_values=prefill_cache,
+            **{cache_kwarg(model.forward): prefill_cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -95,7 +95,9 @@ class _ModelDecodeStep:
         return buffered_cache(prefill_cache, inverse, capacity=capacity)
 
     def __call__(self, state) -> Tensor:
-        return self.model(**state.model_inputs(), use_cache=True).logits[:, -1]
+        inputs = state.model_inputs()
+        inputs[cache_kwarg(self.model.forward)] = inputs.pop("past_key_values")
+        return self.model(**inputs, use_cache=True).logits[:, -1]
 
 
 class _ColumnDecodeStep:

@@ -10,10 +10,24 @@ turns the cache into plain per-row buffers.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import Tensor, nn
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
+
+
+def cache_kwarg(forward) -> str:
+    """The name under which `forward` takes a KV cache: `cache` from transformers 5.24 on (where `past_key_values` is
+    deprecated, to be removed in 5.40), `past_key_values` before."""
+    return _cache_kwarg(getattr(forward, "__func__", forward))
+
+
+@functools.cache
+def _cache_kwarg(function) -> str:
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
 
 
 class BufferedLayer(DynamicLayer):

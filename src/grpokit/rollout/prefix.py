@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from grpokit.algorithms.logprobs import linear_token_logps
 
 from . import prefix_attention
+from .kv_cache import cache_kwarg
 from .prefix_attention import fits, grouped_attention_model
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ def _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_inde
     prompt = decoder(
         input_ids=input_ids[unique_index, :prompt_len],
         attention_mask=attention_mask[unique_index, :prompt_len],
-        past_key_values=cache,
+        **{cache_kwarg(decoder.forward): cache},
         use_cache=True,
     ).last_hidden_state  # (G, P, d)
     first = prompt[:, -1:].index_select(0, inverse)  # (B, 1, d): predicts the first completion token
@@ -207,7 +208,7 @@ def _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_inde
     rest = decoder(
         input_ids=input_ids[:, prompt_len:-1],
         attention_mask=attention_mask[:, :-1],
-        past_key_values=cache,
+        **{cache_kwarg(decoder.forward): cache},
         use_cache=True,
     ).last_hidden_state  # (B, C - 1, d)
     return torch.cat([first, rest], dim=1)
