@@ -154,12 +154,11 @@ class ColumnStep:
                 )
             else:
                 attended = _attend(q, keys, values, bias, layer.scaling)  # (n, Hq * D)
-            x = x + _linear(layer.o_proj.weight, _bias_column(layer.o_proj), attended).t()
+            x = x + _linear_layer(layer.o_proj, attended).t()
             h = _rms_norm(layer.post_norm, x)
             h = layer.act(_linear_layer(layer.gate_proj, h)) * _linear_layer(layer.up_proj, h)  # (ff, n)
-            x = x + _linear(layer.down_proj.weight, _bias_column(layer.down_proj), h.t().contiguous()).t()
-        x = _rms_norm(self.final_norm, x)
-        return _linear(self.lm_head.weight, _bias_column(self.lm_head), x).t()  # (n, V)
+            x = x + _linear_layer(layer.down_proj, h.t().contiguous()).t()
+        return _linear_layer(self.lm_head, _rms_norm(self.final_norm, x)).t()  # (n, V)
 
 
 def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, scaling: float) -> Tensor:
@@ -186,20 +185,13 @@ def _attend_grouped(
     rows, length = keys.size(0), keys.size(2)
     per_group = rows // groups
     queries = q.permute(2, 0, 1).reshape(groups, per_group, kv_heads, -1, head_dim)  # (G, m, Hkv, g, D)
-    grouped = queries.transpose(1, 2).reshape(groups * kv_heads, -1, head_dim)  # (G Hkv, m g, D)
-    prompt_scores = torch.bmm(grouped, prompt_keys.view(groups * kv_heads, prompt_len, head_dim).transpose(1, 2))
-    prompt_scores = prompt_scores.view(groups, kv_heads, per_group, -1, prompt_len).transpose(
-        1, 2
-    )  # (G, m, Hkv, g, P)
-    own_scores = torch.bmm(
-        queries.reshape(rows * kv_heads, -1, head_dim), keys.reshape(rows * kv_heads, length, head_dim).transpose(1, 2)
-    )  # (n Hkv, g, t)
-    scores = (
-        torch.cat([prompt_scores.reshape(rows, -1, prompt_len), own_scores.view(rows, -1, length)], dim=-1).to(
-            torch.float32
-        )
-        * scaling
-    )  # (n, Hq, P + t)
+    by_group = queries.transpose(1, 2).reshape(groups * kv_heads, -1, head_dim)  # (G Hkv, m g, D)
+    prompt_keys_t = prompt_keys.view(groups * kv_heads, prompt_len, head_dim).transpose(1, 2)
+    prompt_scores = torch.bmm(by_group, prompt_keys_t).view(groups, kv_heads, per_group, -1, prompt_len)
+    prompt_scores = prompt_scores.transpose(1, 2).reshape(rows, -1, prompt_len)  # (n, Hq, P)
+    own_keys_t = keys.reshape(rows * kv_heads, length, head_dim).transpose(1, 2)
+    own_scores = torch.bmm(queries.reshape(rows * kv_heads, -1, head_dim), own_keys_t).view(rows, -1, length)
+    scores = torch.cat([prompt_scores, own_scores], dim=-1).to(torch.float32) * scaling  # (n, Hq, P + t)
     if bias is not None:
         scores = scores + bias
     weights = scores.softmax(dim=-1).to(q.dtype)
@@ -207,8 +199,6 @@ def _attend_grouped(
     prompt_weights = prompt_weights.transpose(1, 2).reshape(groups * kv_heads, -1, prompt_len)  # (G Hkv, m g, P)
     from_prompt = torch.bmm(prompt_weights, prompt_values.view(groups * kv_heads, prompt_len, head_dim))
     from_prompt = from_prompt.view(groups, kv_heads, per_group, -1, head_dim).transpose(1, 2)  # (G, m, Hkv, g, D)
-    own = torch.bmm(
-        weights[..., prompt_len:].reshape(rows * kv_heads, -1, length),
-        values.reshape(rows * kv_heads, length, head_dim),
-    )  # (n Hkv, g, D)
+    own_weights = weights[..., prompt_len:].reshape(rows * kv_heads, -1, length)
+    own = torch.bmm(own_weights, values.reshape(rows * kv_heads, length, head_dim))  # (n Hkv, g, D)
     return from_prompt.reshape(rows, -1) + own.view(rows, -1)

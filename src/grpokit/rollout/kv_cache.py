@@ -87,11 +87,11 @@ class GroupedLayer:
     def get_seq_length(self) -> int:
         return self.prompt_keys.size(2) + self.generated.length
 
-    def per_row(self, capacity: int) -> BufferedLayer:
-        """The same cache as plain per-row buffers (the prompt copied to each of its rows)."""
+    def per_row(self) -> BufferedLayer:
+        """The same cache as plain per-row buffers (the prompt copied to each of its rows), with the same room."""
         keys = torch.cat([self.prompt_keys.repeat_interleave(self.group_size, 0), self.generated.keys], dim=2)
         values = torch.cat([self.prompt_values.repeat_interleave(self.group_size, 0), self.generated.values], dim=2)
-        return BufferedLayer(keys, values, capacity)
+        return BufferedLayer(keys, values, self.capacity)
 
 
 def grouped_cache(cache: DynamicCache, group_size: int, *, capacity: int) -> Cache:
@@ -104,6 +104,4 @@ def ungrouped(cache: Cache) -> Cache:
     """`cache` with any `GroupedLayer` turned into per-row buffers (the rows can then be selected)."""
     if not any(isinstance(layer, GroupedLayer) for layer in cache.layers):
         return cache
-    return Cache(
-        layers=[layer.per_row(layer.capacity) if isinstance(layer, GroupedLayer) else layer for layer in cache.layers]
-    )
+    return Cache(layers=[layer.per_row() if isinstance(layer, GroupedLayer) else layer for layer in cache.layers])
