@@ -22,13 +22,13 @@ from torch import Tensor
 
 from .column_step import ARCHITECTURES
 
-# Attention scores `(rows, heads, completion, prompt + completion)` this pass may hold in float32 at once; above it the
-# model's own attention runs.
+# Attention scores (prompts' and completions') this pass may hold in float32 at once: 256 MB. Above it the model's
+# own forward runs (`prefix._hidden_states_shared`).
 SCORES_BUDGET = 2**26
 
 
 def grouped_attention_model(lm) -> bool:
-    """Whether `lm`'s completion pass can run here."""
+    """Whether `hidden_states` can score `lm` (a Llama or Qwen2 on CPU whose replaced forwards are its own)."""
     if type(lm).__name__ not in ARCHITECTURES or lm.lm_head.weight.device.type != "cpu":
         return False
     if lm.training and getattr(lm.config, "attention_dropout", 0.0):
