@@ -34,21 +34,37 @@ def column_step(model):
     return None if reason else ColumnStep(model)
 
 
-def unsupported_reason(model) -> str | None:
-    """Why `model` cannot use the column step, or None when it can."""
+def llama_family_reason(model) -> str | None:
+    """Why `model` is not a Llama-family model whose layers plain tensor code can follow (the checks the column step
+    and `prefix_attention` share), or None when it is."""
     if type(model).__name__ not in ARCHITECTURES:
         return f"architecture {type(model).__name__}"
-    config = model.config
-    if model.training and getattr(config, "attention_dropout", 0.0):
+    if model.training and getattr(model.config, "attention_dropout", 0.0):
         return "attention dropout in training mode"
-    if getattr(config, "pretraining_tp", 1) != 1:
+    if getattr(model.config, "pretraining_tp", 1) != 1:
         return "pretraining_tp"
+    if any(getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers):
+        return "sliding-window attention"
+    return None
+
+
+def hooked(modules) -> str | None:
+    """The type name of the first of `modules` with a forward hook or a patched forward, or None."""
+    for module in modules:
+        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
+            return type(module).__name__
+    return None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot use the column step, or None when it can."""
+    reason = llama_family_reason(model)
+    if reason:
+        return reason
     linears = [model.lm_head]
     norms = [model.model.norm]
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if getattr(attn, "sliding_window", None):
-            return "sliding-window attention"
         linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
     if any(type(m) is not nn.Linear for m in linears):
@@ -57,10 +73,8 @@ def unsupported_reason(model) -> str | None:
         return "a normalisation layer that is not the plain RMSNorm"
     if type(model.model.embed_tokens) is not nn.Embedding:
         return "an embedding that is not a plain nn.Embedding"
-    for module in model.modules():
-        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
-            return f"a hook or patched forward on {type(module).__name__}"
-    return None
+    module = hooked(model.modules())
+    return f"a hook or patched forward on {module}" if module else None
 
 
 def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
@@ -69,10 +83,11 @@ def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
     return norm.weight * h.to(x.dtype)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of `x` `(heads, head_dim, rows)` with `cos`, `sin` `(head_dim, rows)`."""
-    half = x.size(1) // 2
-    rotated = torch.cat((-x[:, half:], x[:, :half]), dim=1)
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
+    """The model's rotary embedding, `x cos + rotate_half(x) sin`, with the head dimension of `x` at `dim` and `cos`,
+    `sin` broadcasting against `x`."""
+    half = x.size(dim) // 2
+    rotated = torch.cat((-x.narrow(dim, half, half), x.narrow(dim, 0, half)), dim=dim)
     return x * cos + rotated * sin
 
 
@@ -143,7 +158,7 @@ class ColumnStep:
             bias = bias.masked_fill_(attention_mask == 0, torch.finfo(torch.float32).min)[:, None]
         for index, layer in enumerate(self.layers):
             qkv = _linear(layer.qkv_weight, layer.qkv_bias, _rms_norm(layer.input_norm, x))  # (q + 2 kv, n)
-            qk = _rotate(qkv[: layer.q_size + layer.kv_size].view(-1, layer.head_dim, rows), cos, sin)
+            qk = rotate(qkv[: layer.q_size + layer.kv_size].view(-1, layer.head_dim, rows), cos, sin, dim=1)
             q, k = qk[: layer.q_size // layer.head_dim], qk[layer.q_size // layer.head_dim :]  # (Hq | Hkv, D, n)
             v = qkv[layer.q_size + layer.kv_size :].view(-1, layer.head_dim, rows)
             layer_cache = cache.layers[index]

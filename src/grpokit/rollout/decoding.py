@@ -95,9 +95,7 @@ class _ModelDecodeStep:
         return buffered_cache(prefill_cache, inverse, capacity=capacity)
 
     def __call__(self, state) -> Tensor:
-        inputs = state.model_inputs()
-        inputs[cache_kwarg(self.model.forward)] = inputs.pop("past_key_values")
-        return self.model(**inputs, use_cache=True).logits[:, -1]
+        return self.model(**state.model_inputs(cache_kwarg(self.model.forward)), use_cache=True).logits[:, -1]
 
 
 class _ColumnDecodeStep:
@@ -204,12 +202,13 @@ class _DecodeState:
         self.cache = ungrouped(self.cache)  # prompts kept once per group need the rows in whole groups
         self.cache.batch_select_indices(index)
 
-    def model_inputs(self) -> dict:
+    def model_inputs(self, cache_name: str) -> dict:
+        """The model's inputs for the next step, the cache under `cache_name` (`cache_kwarg`)."""
         return {
             "input_ids": self.next_tokens[:, None],
             "attention_mask": self.attention_mask,
             "position_ids": self.positions[:, None],
-            "past_key_values": self.cache,
+            cache_name: self.cache,
         }
 
     def output(self) -> Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .column_step import ARCHITECTURES
+from .column_step import hooked, llama_family_reason, rotate
 
 # Attention scores (prompts' and completions') this pass may hold in float32 at once: 256 MB. Above it the model's
 # own forward runs (`prefix._hidden_states_shared`).
@@ -29,14 +29,9 @@ SCORES_BUDGET = 2**26
 
 def grouped_attention_model(lm) -> bool:
     """Whether `hidden_states` can score `lm` (a Llama or Qwen2 on CPU whose replaced forwards are its own)."""
-    if type(lm).__name__ not in ARCHITECTURES or lm.lm_head.weight.device.type != "cpu":
+    if llama_family_reason(lm) or lm.lm_head.weight.device.type != "cpu":
         return False
-    if lm.training and getattr(lm.config, "attention_dropout", 0.0):
-        return False
-    modules = [lm.model, *lm.model.layers, *(layer.self_attn for layer in lm.model.layers)]
-    if any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in modules):
-        return False
-    return all(not getattr(layer.self_attn, "sliding_window", None) for layer in lm.model.layers)
+    return hooked([lm.model, *lm.model.layers, *(layer.self_attn for layer in lm.model.layers)]) is None
 
 
 def fits(rows: int, groups: int, heads: int, completion_len: int, prompt_len: int) -> bool:
@@ -96,7 +91,7 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
         attn = layer.self_attn
         h = layer.input_layernorm(x)[0]
         q, k, v = (proj(h).view(h.size(0), -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # (N, heads, D)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (N, heads, D)
         prompt_q, prompt_k, prompt_v = (
             t[:split].view(groups, prompt_len, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
         )  # (G, heads, P, D)
@@ -138,13 +133,6 @@ def _prompt_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: fl
     weights = (scores.to(torch.float32) * scaling + bias).softmax(dim=-1).to(q.dtype)  # (G, Hkv, g, P, P)
     out = torch.matmul(weights, v[:, :, None])  # (G, Hkv, g, P, D)
     return out.reshape(groups, q_heads, prompt_len, head_dim).transpose(1, 2).reshape(groups * prompt_len, -1)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of `x` `(N, heads, D)` with `cos`, `sin` `(N, 1, D)` (the model's formula: x cos +
-    rotate_half(x) sin)."""
-    half = x.size(-1) // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def grouped_attention(
