@@ -1,8 +1,8 @@
 """A decoding loop for GRPO's batches, run by transformers' `generate` as its `custom_generate` callable.
 
 GRPO generates `num_generations` completions of each prompt. `generate` would run the prompt through the model once
-per completion; this loop runs each distinct prompt once (the prefill), copies its KV cache to the rows that share
-it, and decodes all rows together. Rows that finish (EOS, or any stopping criterion) leave the decode batch, so they
+per completion; this loop runs each distinct prompt once (the prefill), gives its KV cache to the rows that share it
+(copied to each row, or for long prompts kept once per group: `kv_cache.py`), and decodes all rows together. Rows that finish (EOS, or any stopping criterion) leave the decode batch, so they
 stop costing work. The KV cache lives in preallocated buffers, so a decode step writes one position instead of
 concatenating the whole cache. On CPU, a decode step of a Llama-family model runs as the short sequence of tensor
 operations of `column_step.py`; other models run their own forward pass with linear layers that use a matrix product
