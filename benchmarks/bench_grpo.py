@@ -267,7 +267,7 @@ def ablate(trainer, name: str) -> None:
 
     import torch
 
-    import grpokit.rollout.decoding as decoding
+    import grpokit.generation.decoding as decoding
     import grpokit.trainer as module
 
     if name == "decode-loop":
@@ -277,11 +277,11 @@ def ablate(trainer, name: str) -> None:
     elif name == "column-step":
         decoding.column_step = lambda model: None
     elif name == "grouped-kv":
-        import grpokit.rollout.column_step as column_step
+        import grpokit.fastpath.column_step as column_step
 
         column_step.GROUPED_PROMPT_MIN = 2**31
     elif name == "prefix-attention":
-        import grpokit.rollout.prefix as prefix
+        import grpokit.scoring.prefix as prefix
 
         prefix.grouped_attention_model = lambda lm: False
     elif name == "few-rows-linear":
@@ -403,7 +403,7 @@ def logprobs_worker(side: str, model_dir: str, batch_file: str, out_file: str) -
                     trainer.model, input_ids, attention_mask, logits_to_keep
                 )[0]
                 continue
-            from grpokit.rollout.scoring import score_tokens
+            from grpokit.scoring import score_tokens
 
             for path, share_prefix in (("plain pass", False), ("shared-prefix pass", True)):
                 results[name, path] = score_tokens(

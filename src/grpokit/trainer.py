@@ -27,20 +27,20 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_datasets_available
 
+from . import models
 from .algorithms import off_policy_mask, policy_loss
 from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
 from .config.grpo_config import GRPOConfig
 from .config.precision import hardware_problems, resolve_precision
 from .config.support import unsupported_settings
-from .rollout import models
+from .generation import TransformersGenerator
 from .rollout.dist import AcceleratorCollective
-from .rollout.generate import TransformersGenerator
 from .rollout.report import CompletionLog
 from .rollout.rewards import build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
-from .rollout.scoring import score_tokens
+from .scoring import score_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from grpokit.generation import Generated
 from grpokit.rollout import RewardFunctions, RolloutSettings, produce_rollout
 
 EOS = 1
@@ -20,7 +21,7 @@ class Scripted:
 
     def generate(self, prompt_ids):
         self.prompt_ids = prompt_ids
-        return [list(c) for c in COMPLETIONS]
+        return Generated([list(c) for c in COMPLETIONS])
 
 
 def fixed(completions, **kwargs):

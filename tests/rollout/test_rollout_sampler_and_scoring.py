@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from grpokit.algorithms.logprobs import token_logps_and_entropy
-from grpokit.rollout import RepeatSampler, score_tokens
+from grpokit.rollout import RepeatSampler
+from grpokit.scoring import score_tokens
 
 
 def test_repeat_sampler_order():
@@ -61,7 +62,7 @@ def test_score_tokens_keeps_the_gradient(tiny_model):
 
 
 def test_float32_slices_and_checkpointing_change_nothing(tiny_model, monkeypatch):
-    import grpokit.rollout.scoring as scoring
+    import grpokit.scoring as scoring
 
     input_ids = torch.randint(7, 90, (3, 6))
     mask = torch.ones_like(input_ids)

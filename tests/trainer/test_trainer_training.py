@@ -80,6 +80,9 @@ class CountingGenerator:
         self.calls += 1
         return self.inner.generate(prompt_ids)
 
+    def sync_weights(self, model):
+        self.inner.sync_weights(model)
+
 
 @pytest.mark.parametrize(
     "overrides, generations, off_policy",

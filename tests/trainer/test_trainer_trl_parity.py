@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.rollout.scoring import score_tokens
+from grpokit.generation import Generated
+from grpokit.scoring import score_tokens
 
 REFERENCE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "trl_1_16_reference.json")))
 VARIANTS = {
@@ -51,7 +52,10 @@ def make_reward(i):
 
 class FixedCompletions:
     def generate(self, prompt_ids):
-        return [list(ids) for ids in REFERENCE["completions"]]
+        return Generated([list(ids) for ids in REFERENCE["completions"]])
+
+    def sync_weights(self, model):
+        pass
 
 
 @pytest.mark.parametrize("case", sorted(REFERENCE["cases"]))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .generate import is_conversational
+from grpokit.generation.tokens import is_conversational
 
 # Columns the trainer fills itself; a dataset column of that name is not forwarded to reward functions.
 RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
@@ -236,7 +236,7 @@ def build_reward_functions(
 
     from grpokit.rewards import resolve_reward
 
-    from . import models
+    from grpokit import models
 
     classes = list(processing_classes or [None] * len(reward_funcs))
     if len(classes) != len(reward_funcs):

@@ -14,9 +14,16 @@ import torch
 from torch import Tensor
 
 from grpokit.algorithms import group_advantages, reward_metrics
+from grpokit.generation import (
+    GenerationBackend,
+    decode_completions,
+    encode_prompts,
+    is_conversational,
+    is_truncated,
+    pad,
+)
 
 from .dist import LOCAL, Collective
-from .generate import GenerationBackend, decode_completions, encode_prompts, is_conversational, is_truncated, pad
 from .rewards import RewardFunctions, column_values
 
 # (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
@@ -114,7 +121,7 @@ def produce_rollout(
         max_prompt_length=settings.max_prompt_length,
         chat_template_kwargs=settings.chat_template_kwargs,
     )
-    completion_id_lists = generator.generate(prompt_id_lists)
+    completion_id_lists = generator.generate(prompt_id_lists).completion_ids
     completions = decode_completions(tokenizer, completion_id_lists, conversational=is_conversational(prompts[0]))
 
     batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-import grpokit.rollout.decoding as decoding
-from grpokit.rollout.generate import TransformersGenerator
+import grpokit.generation.decoding as decoding
+from grpokit.generation import TransformersGenerator
 
 PAD, EOS = 0, 1
 # Three prompts of different lengths (left-padded), repeated as GRPO groups, not all of the same size.
@@ -36,7 +36,7 @@ def generate(model, generation_config, *, share_prefix, prompts=PROMPTS, eos=(EO
     generator = TransformersGenerator(
         model, generation_config, pad_token_id=PAD, eos_token_ids=list(eos), share_prefix=share_prefix
     )
-    return generator.generate([list(p) for p in prompts])
+    return generator.generate([list(p) for p in prompts]).completion_ids
 
 
 def eos_ids_ending_groups_early(model):

@@ -25,10 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from grpokit.algorithms.logprobs import linear_token_logps
-
-from . import prefix_attention
-from .kv_cache import cache_kwarg
-from .prefix_attention import fits, grouped_attention_model
+from grpokit.fastpath import prefix_attention
+from grpokit.fastpath.kv_cache import cache_kwarg
+from grpokit.fastpath.prefix_attention import fits, grouped_attention_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ def shared_prefix_model(model) -> nn.Module | None:
 def _causal_lm(model) -> nn.Module | None:
     from transformers import PreTrainedModel
 
-    from .models import is_peft_model
+    from grpokit.models import is_peft_model
 
     if is_peft_model(model):
         if model.peft_config[model.active_adapter].is_prompt_learning:

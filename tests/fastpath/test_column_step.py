@@ -6,10 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-import grpokit.rollout.column_step as column
-import grpokit.rollout.decoding as decoding
-from grpokit.rollout.generate import TransformersGenerator
-from grpokit.rollout.kv_cache import (
+import grpokit.fastpath.column_step as column
+import grpokit.generation.decoding as decoding
+from grpokit.fastpath.kv_cache import (
     BufferedLayer,
     GroupedLayer,
     buffered_cache,
@@ -17,6 +16,7 @@ from grpokit.rollout.kv_cache import (
     grouped_cache,
     ungrouped,
 )
+from grpokit.generation import TransformersGenerator
 from grpokit.tiny import build_model
 
 PAD, EOS = 0, 1
@@ -116,7 +116,7 @@ def generate(model, prompts, eos, *, share_prefix):
     config = model.generation_config
     config.update(max_new_tokens=6, do_sample=False, pad_token_id=PAD, eos_token_id=eos)
     generator = TransformersGenerator(model, config, pad_token_id=PAD, eos_token_ids=eos, share_prefix=share_prefix)
-    return generator.generate([list(p) for p in prompts])
+    return generator.generate([list(p) for p in prompts]).completion_ids
 
 
 def test_greedy_generation_with_grouped_prompts_equals_plain_generate(tiny_tokenizer, monkeypatch):

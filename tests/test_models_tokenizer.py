@@ -1,4 +1,4 @@
-from grpokit.rollout.models import load_tokenizer
+from grpokit.models import load_tokenizer
 
 
 def test_saved_tiny_tokenizer_round_trips_spaces(tiny_model_dir):

@@ -27,9 +27,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.configuration_utils import GenerationMode
 
-from .column_step import column_step
-from .kv_cache import buffered_cache, cache_kwarg, ungrouped
-from .prefix import prompt_groups
+from grpokit.fastpath.column_step import column_step
+from grpokit.fastpath.kv_cache import buffered_cache, cache_kwarg, ungrouped
+from grpokit.scoring.prefix import prompt_groups
 
 # Finished rows leave the decode batch once they are at least this share of it (each removal copies the KV cache).
 DROP_FINISHED_SHARE = 1 / 8

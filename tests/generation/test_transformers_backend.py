@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from grpokit.rollout.generate import (
+from grpokit.generation import (
     TransformersGenerator,
     cut_after_eos,
     decode_completions,
@@ -89,7 +89,7 @@ class ScriptedModel(torch.nn.Module):
 def test_generator_left_pads_prompts_and_cuts_completions():
     model = ScriptedModel([[9, EOS, PAD, PAD], [8, 8, 8, 8], [7, 7, EOS, PAD]])
     generator = TransformersGenerator(model, generation_config="cfg", pad_token_id=PAD, eos_token_ids=[EOS])
-    completions = generator.generate([[20, 21, 22], [23], [24, 25]])
+    completions = generator.generate([[20, 21, 22], [23], [24, 25]]).completion_ids
     assert completions == [[9, EOS], [8, 8, 8, 8], [7, 7, EOS]]
     assert model.seen["input_ids"].tolist() == [[20, 21, 22], [PAD, PAD, 23], [PAD, 24, 25]]
     assert model.seen["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
@@ -101,7 +101,7 @@ def test_generator_pads_prompts_to_a_multiple():
     generator = TransformersGenerator(
         model, generation_config=None, pad_token_id=PAD, eos_token_ids=[EOS], pad_to_multiple_of=4
     )
-    assert generator.generate([[20, 21, 22, 23, 24], [25]]) == [[EOS], [EOS]]
+    assert generator.generate([[20, 21, 22, 23, 24], [25]]).completion_ids == [[EOS], [EOS]]
     assert model.seen["input_ids"].shape == (2, 8)
 
 
@@ -113,7 +113,7 @@ def test_generator_with_the_tiny_model(tiny_model, tiny_tokenizer):
     )
     generator = TransformersGenerator(tiny_model, config, pad_token_id=PAD, eos_token_ids=[EOS])
     torch.manual_seed(0)
-    completions = generator.generate([[20, 21], [22], [23, 24, 25]] * 4)
+    completions = generator.generate([[20, 21], [22], [23, 24, 25]] * 4).completion_ids
     assert len(completions) == 12
     for ids in completions:
         assert 1 <= len(ids) <= 6

@@ -4,8 +4,8 @@ and the plain pass wherever the shared one would not be right."""
 import pytest
 import torch
 
-from grpokit.rollout import score_tokens
-from grpokit.rollout.prefix import prompt_groups, shared_prefix_model
+from grpokit.scoring import score_tokens
+from grpokit.scoring.prefix import prompt_groups, shared_prefix_model
 
 PAD = 0
 
@@ -79,7 +79,7 @@ def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, batch
     """Llama-family models on CPU: the completion pass's own attention reads each prompt once per group when the
     rows hold whole groups (sorted into group order if shuffled), once per row when the groups are uneven (a
     micro-batch that splits them); the same numbers and gradients as the plain pass either way."""
-    import grpokit.rollout.prefix_attention as prefix_attention
+    import grpokit.fastpath.prefix_attention as prefix_attention
 
     assert shared_prefix_model(tiny_model) is tiny_model  # its one-time check against the plain pass, done here
     group_sizes = []
@@ -99,7 +99,7 @@ def test_prompts_read_once_per_group_in_attention(tiny_model, monkeypatch, batch
 
 
 def test_the_models_own_attention_past_the_scores_budget(tiny_model, monkeypatch):
-    import grpokit.rollout.prefix_attention as prefix_attention
+    import grpokit.fastpath.prefix_attention as prefix_attention
 
     monkeypatch.setattr(prefix_attention, "SCORES_BUDGET", 10)
     monkeypatch.setattr(prefix_attention, "grouped_attention", None)  # would raise if called
@@ -175,7 +175,7 @@ def test_plain_pass_under_activation_checkpointing(tiny_model):
 
 
 def test_plain_pass_for_an_lm_head_with_its_own_forward(tiny_model):
-    from grpokit.rollout.models import cast_lm_head_to_fp32
+    from grpokit.models import cast_lm_head_to_fp32
 
     cast_lm_head_to_fp32(tiny_model)
     assert shared_prefix_model(tiny_model) is None
@@ -190,7 +190,7 @@ def test_plain_pass_for_prompt_learning_and_wrapped_models(tiny_model):
 
 
 def test_router_loss_uses_the_plain_pass(tiny_model, monkeypatch):
-    import grpokit.rollout.scoring as scoring
+    import grpokit.scoring as scoring
 
     calls = []
 

@@ -1,6 +1,6 @@
 """Scoring completions with a causal LM: per-token log-probabilities (and entropies) of the completion tokens.
 
-Two passes compute the same numbers. The shared-prefix pass (`grpokit.rollout.prefix`) runs each distinct prompt
+Two passes compute the same numbers. The shared-prefix pass (`grpokit.scoring.prefix`) runs each distinct prompt
 once and fuses the LM head with the log-softmax in chunks; it serves standard transformers causal LMs. The plain pass
 runs the model on every row and serves everything else (wrapped models, prompt-learning PEFT, activation
 checkpointing, MoE router losses, models whose logits are not `lm_head(hidden state)`).

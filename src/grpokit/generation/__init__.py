@@ -1,0 +1,34 @@
+"""Generation backends behind one small interface (`base.GenerationBackend`).
+
+- `transformers_backend.TransformersGenerator`: transformers' `generate`, through grpokit's decoding loop
+  (`decoding.py`) where it applies.
+- `vllm_colocate.VLLMColocateGenerator` and `vllm_server.VLLMServerGenerator`: vLLM in the training process or in a
+  `vllm serve` process. vLLM is imported only inside the `vllm_*` modules, so importing this package never loads it.
+
+`tokens.py` holds what every backend shares: prompt encoding, padding, EOS handling, decoding to text.
+"""
+
+from .base import Generated, GenerationBackend
+from .tokens import (
+    cut_after_eos,
+    decode_completions,
+    encode_prompts,
+    is_conversational,
+    is_truncated,
+    left_truncate,
+    pad,
+)
+from .transformers_backend import TransformersGenerator
+
+__all__ = [
+    "GenerationBackend",
+    "Generated",
+    "TransformersGenerator",
+    "cut_after_eos",
+    "decode_completions",
+    "encode_prompts",
+    "is_conversational",
+    "is_truncated",
+    "left_truncate",
+    "pad",
+]

@@ -1,0 +1,99 @@
+"""Generation with transformers: `model.generate` on left-padded prompts, through grpokit's decoding loop where it
+applies (`decoding.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .base import Generated
+from .tokens import cut_after_eos, pad
+
+
+class TransformersGenerator:
+    """Generation with `model.generate` on left-padded prompts.
+
+    With `share_prefix`, `generate` runs grpokit's decoding loop (`grpokit.generation.decoding`): each distinct prompt
+    is prefilled once and finished rows leave the decode batch. Every generation setting is still honoured by
+    `generate`'s own preparation; where the loop cannot follow one (beam search, a static cache, ...), or the model is
+    not a standard transformers causal LM, plain `generate` runs instead.
+
+    Args:
+        model_context: a callable returning a context manager that yields the model to generate with (the trainer
+            unwraps it from DDP and switches gradient checkpointing off meanwhile); or a plain model.
+        generation_config: a `transformers.GenerationConfig` (sampling settings, max_new_tokens, eos and pad ids).
+        pad_token_id: left padding of the prompts.
+        eos_token_ids: every id that ends a completion.
+        pad_to_multiple_of: round the padded prompt length up to this multiple.
+        device: where the prompt tensors go; default the model's device.
+        share_prefix: use the shared-prefix decoding loop where possible.
+    """
+
+    def __init__(
+        self,
+        model_context: Callable[[], AbstractContextManager] | Any,
+        generation_config,
+        *,
+        pad_token_id: int,
+        eos_token_ids: Sequence[int],
+        pad_to_multiple_of: int | None = None,
+        device: torch.device | str | None = None,
+        share_prefix: bool = True,
+    ):
+        self.model_context = model_context
+        self.generation_config = generation_config
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.device = device
+        self.share_prefix = share_prefix
+
+    def _context(self) -> AbstractContextManager:
+        if isinstance(self.model_context, torch.nn.Module):
+            return nullcontext(self.model_context)
+        return self.model_context()
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]]) -> Generated:
+        input_ids = pad(prompt_ids, value=self.pad_token_id, side="left", multiple_of=self.pad_to_multiple_of)
+        attention_mask = pad(
+            [[1] * len(p) for p in prompt_ids], value=0, side="left", multiple_of=self.pad_to_multiple_of
+        )
+        with self._context() as model:
+            device = self.device if self.device is not None else model.device
+            inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+            output = self._generate(model, inputs)
+        completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
+        return Generated([cut_after_eos(ids, self.eos_token_ids) for ids in completions])
+
+    def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
+        if self.share_prefix and _standard_causal_lm(model):
+            from .decoding import Unsupported, shared_prefix_decoding
+
+            try:
+                return model.generate(
+                    **inputs, generation_config=self.generation_config, custom_generate=shared_prefix_decoding
+                )
+            except Unsupported:  # raised before any model call: nothing to undo
+                pass
+        return model.generate(**inputs, generation_config=self.generation_config)
+
+
+def _standard_causal_lm(model) -> bool:
+    """A transformers decoder-only LM (possibly under a LoRA-style PEFT adapter) that `generate` can run our loop on."""
+    from transformers import PreTrainedModel
+
+    from grpokit.models import is_peft_model
+
+    if is_peft_model(model):
+        if model.peft_config[model.active_adapter].is_prompt_learning:
+            return False
+        model = model.get_base_model()
+    return isinstance(model, PreTrainedModel) and not model.config.is_encoder_decoder
+
+    def sync_weights(self, model) -> None:
+        """Nothing to push: `generate` runs the live policy."""
