@@ -27,6 +27,9 @@ class Collective(Protocol):
     def gather_padded(self, tensor: Tensor, pad_value: float) -> Tensor:
         """Gather 1-D tensors of different lengths (padded with `pad_value`, which is then dropped)."""
 
+    def broadcast_object(self, obj: Any) -> Any:
+        """The main process's `obj` on every process (picklable Python objects)."""
+
 
 class _Local:
     process_index = 0
@@ -43,6 +46,9 @@ class _Local:
 
     def gather_padded(self, tensor: Tensor, pad_value: float) -> Tensor:
         return tensor
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
 
 
 LOCAL: Collective = _Local()
@@ -79,3 +85,10 @@ class AcceleratorCollective:
         padded = self.accelerator.pad_across_processes(tensor, dim=0, pad_index=pad_value)
         gathered = self.accelerator.gather(padded)
         return gathered[gathered != pad_value]
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if self.num_processes == 1:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([obj], from_process=0)[0]
