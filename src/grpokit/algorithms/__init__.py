@@ -10,6 +10,11 @@ from .advantages import (
     unscorable_rows,
     weighted_reward_sum,
 )
+from .importance_sampling import (
+    VLLM_IMPORTANCE_SAMPLING_MODES,
+    vllm_importance_weights,
+    vllm_sampling_metrics,
+)
 from .kl import kl_k3
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -31,6 +36,7 @@ __all__ = [
     "LOSS_TYPES",
     "MULTI_OBJECTIVE_AGGREGATIONS",
     "SCALE_REWARDS",
+    "VLLM_IMPORTANCE_SAMPLING_MODES",
     "cispo_clip_fraction",
     "clip_fractions",
     "entropy_from_logits",
@@ -46,5 +52,7 @@ __all__ = [
     "reward_metrics",
     "unscorable_rows",
     "vespo_weights",
+    "vllm_importance_weights",
+    "vllm_sampling_metrics",
     "weighted_reward_sum",
 ]
