@@ -39,7 +39,7 @@ def prepare_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str,
 
     model_dir = os.path.join(workdir, "initial_model")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        save_tiny(model_dir, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
+        save_tiny(model_dir, hidden_size=64, num_layers=2, num_heads=2, seed=seed)  # head_dim 32: vLLM CPU needs >= 32
     data_path = os.path.join(workdir, "digits.jsonl")
     rng = random.Random(seed)
     with open(data_path, "w", encoding="utf-8") as fh:

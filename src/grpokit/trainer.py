@@ -14,6 +14,7 @@ sliced into `steps_per_generation` micro-batches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -140,6 +141,7 @@ class GRPOTrainer(Trainer):
     def _build_models(self, model, processing_class, peft_config, args):
         """The policy (loaded if a path, with PEFT if asked), its tokenizer and the reference model."""
         set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
+        self._model_path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
         if isinstance(model, str):
             model = models.load_policy(model, args.model_init_kwargs, args.trust_remote_code)
         elif args.model_init_kwargs:
@@ -181,6 +183,7 @@ class GRPOTrainer(Trainer):
             coef_max=args.entropy_coef_max,
         )
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
+        self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
 
     def _place_auxiliary_models(self):
         if self.ref_model is not None:
@@ -191,7 +194,10 @@ class GRPOTrainer(Trainer):
                     func, evaluation_mode=True, device_placement=True
                 )
 
-    def _make_generator(self, args) -> TransformersGenerator:
+    def _make_generator(self, args):
+        """The generation backend: vLLM (colocate or server) when `use_vllm`, else transformers' `generate`."""
+        if args.use_vllm:
+            return self._make_vllm_generator(args)
         from transformers import GenerationConfig
 
         generation_kwargs = {
@@ -215,6 +221,51 @@ class GRPOTrainer(Trainer):
             eos_token_ids=self.eos_token_ids,
             pad_to_multiple_of=args.pad_to_multiple_of,
             device=self.accelerator.device,
+        )
+
+    def _make_vllm_generator(self, args):
+        from .config.rules import vllm_mode_warnings
+        from .generation.vllm_common import sampling_kwargs
+
+        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+        for line in vllm_mode_warnings(vars(args), defaults):
+            logger.warning(line)
+        if args.vllm_mode == "server":
+            from .generation.vllm_server import VLLMServerGenerator
+
+            url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+            return VLLMServerGenerator(
+                base_url=url,
+                timeout=args.vllm_server_timeout,
+                group_port=args.vllm_group_port,
+                sampling=sampling_kwargs(args, n=args.num_generations),
+                num_generations=args.num_generations,
+                eos_token_ids=self.eos_token_ids,
+                model_name=self._model_path,
+                dist=self._dist,
+            )
+        from .generation.vllm_colocate import VLLMColocateGenerator
+
+        if not self._model_path:
+            raise ValueError(
+                "use_vllm with vllm_mode='colocate' needs the policy's checkpoint path for vLLM to start from; pass "
+                "the model as a path, or a model whose name_or_path is one"
+            )
+        policy = self.accelerator.unwrap_model(self.model)
+        rows = args.per_device_train_batch_size * args.steps_per_generation * args.vllm_tensor_parallel_size
+        return VLLMColocateGenerator(
+            model_path=self._model_path,
+            sampling=sampling_kwargs(args, n=1),
+            eos_token_ids=self.eos_token_ids,
+            dtype=str(policy.dtype).removeprefix("torch."),
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_length=args.vllm_max_model_length,
+            model_impl=args.vllm_model_impl,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            max_num_seqs=max(rows, args.per_device_eval_batch_size * args.vllm_tensor_parallel_size),
+            seed=args.seed,
+            dist=self._dist,
         )
 
     @contextlib.contextmanager
@@ -291,7 +342,13 @@ class GRPOTrainer(Trainer):
             scale_rewards=args.scale_rewards,
             reward_weights=args.reward_weights,
             multi_objective_aggregation=args.multi_objective_aggregation,
+            **self._importance_sampling_settings(),
         )
+        if args.use_vllm and self._synced_step != self.state.global_step:
+            # The policy changed since the engine last got its weights (or it never did): push them once per round.
+            self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+            self._synced_step = self.state.global_step
+            self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rollout = produce_rollout(
             rows,
@@ -300,7 +357,7 @@ class GRPOTrainer(Trainer):
             rewards=self.rewards,
             settings=settings,
             eos_token_ids=self.eos_token_ids,
-            old_logps_fn=self._logps_fn(self.model, chunk) if mode == "train" and self._off_policy() else None,
+            old_logps_fn=self._logps_fn(self.model, chunk) if self._needs_old_logps(mode) else None,
             ref_logps_fn=self._reference_logps_fn(chunk) if args.beta != 0.0 else None,
             reward_kwargs={
                 "trainer_state": self.state,
@@ -312,6 +369,23 @@ class GRPOTrainer(Trainer):
         )
         self._record_rollout(rollout, mode)
         return rollout
+
+    def _importance_sampling_settings(self) -> dict:
+        args = self.args
+        if not (args.use_vllm and args.vllm_importance_sampling_correction):
+            return {}
+        return dict(
+            importance_sampling_mode=args.vllm_importance_sampling_mode,
+            importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
+            importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+        )
+
+    def _needs_old_logps(self, mode: str) -> bool:
+        """Old log-probabilities are scored after generation when updates are off-policy, and with vLLM's
+        importance-sampling correction (which compares them with vLLM's own), as TRL does."""
+        if self.args.use_vllm and self.args.vllm_importance_sampling_correction:
+            return True
+        return mode == "train" and self._off_policy()
 
     def _off_policy(self) -> bool:
         """Whether the weights can change between generating a batch and training on it: when its micro-steps do
@@ -384,7 +458,10 @@ class GRPOTrainer(Trainer):
         entropy_keep = self._entropy_mask(entropies, mask) if args.top_entropy_quantile < 1.0 else None
         off_policy_keep = None
         if args.off_policy_mask_threshold is not None:
-            sampling_logps = logps.detach() if old_logps is None else old_logps
+            # The sampler's own logprobs where the backend gave them (vLLM), else the trainer's old ones, as TRL.
+            sampling_logps = inputs.get("sampling_logps")
+            if sampling_logps is None:
+                sampling_logps = logps.detach() if old_logps is None else old_logps
             off_policy_keep = off_policy_mask(
                 inputs["advantages"], logps, sampling_logps, mask, args.off_policy_mask_threshold
             )
@@ -404,6 +481,7 @@ class GRPOTrainer(Trainer):
             num_items_in_batch=num_items,
             off_policy_mask=off_policy_keep,
             entropy_mask=entropy_keep,
+            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
         )
         self._log_loss_metrics(logps, old_logps, inputs, entropies.detach(), loss_kwargs, mode)
         return self._regularised(loss, scores, mask, entropy_keep, accumulation, mode)

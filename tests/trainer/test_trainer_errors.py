@@ -1,4 +1,7 @@
+
 """Training stops with a clear error, naming the culprit, rather than continue on a silent default."""
+
+import importlib.util
 
 import pytest
 from _trainer_helpers import text_reward
@@ -37,9 +40,17 @@ def test_wrong_length_reward_names_the_function(tiny_model, tiny_tokenizer, data
 
 def test_unsupported_field_is_refused_before_the_model_loads(make_args, dataset):
     # The model path does not exist: had the trainer tried to load it, the error would be an OSError.
-    with pytest.raises(ValueError, match="use_vllm=True: vLLM generation is not supported yet") as error:
-        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(use_vllm=True), train_dataset=dataset)
+    with pytest.raises(ValueError, match="log_completions_hub_repo='me/x': uploading completions") as error:
+        args = make_args(log_completions=True)
+        args.log_completions_hub_repo = "me/x"
+        GRPOTrainer("/nonexistent/model", text_reward, args=args, train_dataset=dataset)
     assert "GRPOTrainer cannot start" in str(error.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_use_vllm_without_vllm_names_the_install_command(make_args, dataset):
+    with pytest.raises(ValueError, match=r"use_vllm=True: vLLM is not installed \(pip install 'grpokit\[vllm\]'"):
+        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(use_vllm=True), train_dataset=dataset)
 
 
 def test_every_start_problem_is_listed_at_once(make_args, dataset):

@@ -479,8 +479,8 @@ class GRPOConfig(TrainingArguments):
         validate_instance(self)
         # The configuration is judged, not the machine: TrainingArguments would reject bf16/tf32 on a CPU-only
         # machine, so they are held back here and checked (and applied) when training starts; see `precision.py`.
-        if self.activation_checkpointing is None:
-            self.activation_checkpointing = self.gradient_checkpointing  # transformers 5's name; avoids its warning
+        if getattr(self, "activation_checkpointing", False) is None:  # a field from transformers 5.20 on
+            self.activation_checkpointing = self.gradient_checkpointing  # its new name; avoids the rename warning
         held_back = {"bf16": self.bf16, "bf16_full_eval": self.bf16_full_eval, "tf32": self.tf32}
         self.bf16, self.bf16_full_eval, self.tf32 = False, False, None
         try:

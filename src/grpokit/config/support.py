@@ -10,19 +10,16 @@ import dataclasses
 
 # field -> why it is not available yet
 NOT_IMPLEMENTED: dict[str, str] = {
-    "use_vllm": "vLLM generation is not supported yet (generation uses transformers `generate`)",
     "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
     "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
     "max_tool_calling_iterations": "tool-calling agents are not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
-    "vllm_structured_outputs_regex": "vLLM generation is not supported yet",
     "dataset_streaming": "streaming datasets are not supported yet (the sampler needs a map-style dataset)",
     "streaming": "streaming dataset mixtures are not supported yet (the sampler needs a map-style dataset)",
     "ignore_bias_buffers": "a DDP workaround for boolean buffers that grpokit does not apply yet",
     "ds3_gather_for_generation": "DeepSpeed ZeRO-3 is not supported yet, so there are no sharded weights to gather",
 }
 
-# vLLM-only fields are inert without use_vllm (which is refused), so they are not listed one by one. Likewise
 # `log_multimodal`: it only concerns images, and image prompts / multimodal processors are refused by the trainer.
 
 

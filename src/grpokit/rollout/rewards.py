@@ -234,9 +234,8 @@ def build_reward_functions(
     """
     from transformers import PreTrainedModel
 
-    from grpokit.rewards import resolve_reward
-
     from grpokit import models
+    from grpokit.rewards import resolve_reward
 
     classes = list(processing_classes or [None] * len(reward_funcs))
     if len(classes) != len(reward_funcs):

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpokit.algorithms import group_advantages, reward_metrics
+from grpokit.algorithms import group_advantages, reward_metrics, vllm_importance_weights, vllm_sampling_metrics
 from grpokit.generation import (
     GenerationBackend,
     decode_completions,
@@ -30,7 +30,17 @@ from .rewards import RewardFunctions, column_values
 LogpsFn = Callable[[Tensor, Tensor, int], Tensor]
 
 # Fields of a rollout that training consumes, split into micro-batches along dim 0 (others are replicated).
-ROW_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "old_logps", "ref_logps")
+ROW_FIELDS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_logps",
+    "ref_logps",
+    "sampling_logps",
+    "importance_sampling_ratio",
+)
 
 
 @dataclass
@@ -45,6 +55,10 @@ class RolloutSettings:
     scale_rewards: str = "group"
     reward_weights: list[float] | None = None
     multi_objective_aggregation: str = "sum_then_normalize"
+    # vLLM importance-sampling correction (None: off); needs the backend's sampling logprobs and old_logps_fn
+    importance_sampling_mode: str | None = None
+    importance_sampling_clip_min: float | None = None
+    importance_sampling_clip_max: float | None = None
 
 
 @dataclass
@@ -64,6 +78,8 @@ class Rollout:
     num_items_in_batch: Tensor  # () active completion tokens of the generation batch, all processes
     old_logps: Tensor | None = None  # (B, C) under the policy that generated, when updates are off-policy
     ref_logps: Tensor | None = None  # (B, C) under the reference model, when beta > 0
+    sampling_logps: Tensor | None = None  # (B, C) the generation backend's own logprobs (vLLM), NaN where unknown
+    importance_sampling_ratio: Tensor | None = None  # (B, C) or (B, 1) pi_old / pi_sampler weights (vLLM correction)
     # Logging, over all processes (N = B x processes rows)
     prompts: list = field(default_factory=list)
     completions: list = field(default_factory=list)
@@ -121,7 +137,8 @@ def produce_rollout(
         max_prompt_length=settings.max_prompt_length,
         chat_template_kwargs=settings.chat_template_kwargs,
     )
-    completion_id_lists = generator.generate(prompt_id_lists).completion_ids
+    generated = generator.generate(prompt_id_lists)
+    completion_id_lists = generated.completion_ids
     completions = decode_completions(tokenizer, completion_id_lists, conversational=is_conversational(prompts[0]))
 
     batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)
@@ -137,6 +154,13 @@ def produce_rollout(
     with torch.no_grad():
         old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep) if old_logps_fn else None
         ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep) if ref_logps_fn else None
+    sampling_logps = None
+    if generated.logprobs is not None:
+        sampling_logps = pad(
+            generated.logprobs, value=0.0, side="right", multiple_of=settings.pad_to_multiple_of, dtype=torch.float32
+        ).to(device)  # (B, C)
+    correction = _sampling_correction(old_logps, sampling_logps, batch["completion_mask"], settings, dist)
+    importance_sampling_ratio = correction.pop("ratio", None)
 
     local_rewards = rewards(
         prompts, completions, completion_id_lists, column_values(rows), **(reward_kwargs or {})
@@ -155,12 +179,15 @@ def produce_rollout(
     all_completion_lengths = dist.gather(completion_lengths)
     metrics = _length_metrics(all_completion_lengths, dist.gather(truncated))
     metrics.update(_reward_metrics(all_rewards, settings.num_generations, rewards.names, advantage_kwargs))
+    metrics.update(correction)
     return Rollout(
         **batch,
         advantages=all_advantages[local],
         num_items_in_batch=dist.sum(batch["completion_mask"].sum()),
         old_logps=old_logps,
         ref_logps=ref_logps,
+        sampling_logps=sampling_logps,
+        importance_sampling_ratio=importance_sampling_ratio,
         prompts=dist.gather_object(prompts),
         completions=dist.gather_object(completions),
         rewards=all_rewards.cpu(),
@@ -168,6 +195,29 @@ def produce_rollout(
         num_tokens=int(dist.gather(prompt_lengths).sum().item() + all_completion_lengths.sum().item()),
         metrics=metrics,
     )
+
+
+def _sampling_correction(old_logps, sampling_logps, completion_mask, settings: RolloutSettings, dist) -> dict:
+    """The vLLM importance weights (under "ratio") and TRL's sampling metrics, reduced over processes; empty when
+    the correction is off or the backend reported no logprobs."""
+    if settings.importance_sampling_mode is None or sampling_logps is None or old_logps is None:
+        return {}
+    ratio = vllm_importance_weights(
+        old_logps,
+        sampling_logps,
+        completion_mask,
+        mode=settings.importance_sampling_mode,
+        clip_min=settings.importance_sampling_clip_min,
+        clip_max=settings.importance_sampling_clip_max,
+    )
+    out: dict = {"ratio": ratio}
+    stats = vllm_sampling_metrics(
+        old_logps, sampling_logps, completion_mask, ratio, mode=settings.importance_sampling_mode
+    )
+    for name, (value, reduction) in stats.items():
+        gathered = dist.gather(value.reshape(1).float())
+        out[name] = getattr(gathered, {"mean": "mean", "min": "amin", "max": "amax"}[reduction])().item()
+    return out
 
 
 def _pad_batch(prompt_ids, completion_ids, pad_token_id, settings: RolloutSettings, device) -> dict[str, Tensor]:

