@@ -29,3 +29,18 @@ def tiny_model_dir(tmp_path_factory):
     from grpokit.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny-model"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many vLLM test modules were skipped (the main venv has no vLLM; `.ci/run` runs them in .venv-vllm)."""
+    skipped = [
+        r
+        for r in terminalreporter.stats.get("skipped", [])
+        if str(getattr(r, "nodeid", "") or getattr(r, "fspath", "")).replace("\\", "/").startswith("tests/vllm_engine")
+        or "/tests/vllm_engine/" in str(getattr(r, "fspath", ""))
+    ]
+    if skipped:
+        terminalreporter.write_line(
+            f"vLLM: {len(skipped)} test module(s) skipped (vLLM is not installed in this environment; .ci/run runs "
+            "them in .venv-vllm)"
+        )

@@ -4,6 +4,7 @@ grpokit train  [--config F]... [--recipe NAME] [--field value]...
 grpokit config validate|show|plan|schema|diff ...
 grpokit recipes [show NAME]
 grpokit plot RUN_DIR
+grpokit vllm-serve MODEL [options]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ commands:
   config diff A B       fields that resolve differently in two YAML files
   recipes [show NAME]   list the shipped recipes, or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
+  vllm-serve MODEL      start `vllm serve` for server-mode training (see grpokit vllm-serve --help)
 
 every config subcommand and train take --config FILE (repeatable), --recipe NAME and --<field> value flags.
 """
@@ -37,7 +39,7 @@ def main(argv=None) -> int:
             print(USAGE)
             return 0
     command, rest = argv[0], argv[1:]
-    handlers = {"config": _config, "recipes": _recipes, "train": _train, "plot": _plot}
+    handlers = {"config": _config, "recipes": _recipes, "train": _train, "plot": _plot, "vllm-serve": _vllm_serve}
     if command not in handlers:
         from grpokit.config.suggest import closest
 
@@ -215,6 +217,12 @@ def _plot(args) -> int:
         return 2
     print(path)
     return 0
+
+
+def _vllm_serve(args) -> int:
+    from grpokit.vllm_serve import main as vllm_serve
+
+    return vllm_serve(args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 import yaml
 from _config_helpers import console_script
 
@@ -432,3 +433,22 @@ def test_every_recipe_validates(cli, name):
     for key, value in load_recipe(name).items():
         assert shown[key]["source"] == f"recipe:{name}", key
         assert shown[key]["value"] == value, key
+
+
+# ---- vLLM notes
+
+
+def test_vllm_notes_name_what_has_no_effect(cli, write):
+    yaml_text = "use_vllm: true\nvllm_mode: server\nvllm_gpu_memory_utilization: 0.5\nvllm_enable_sleep_mode: true\n"
+    result = cli("config", "validate", "--config", write("c.yaml", yaml_text))
+    assert result.code == 0, result.err
+    assert (
+        "vllm_gpu_memory_utilization=0.5 has no effect with vllm_mode='server': it belongs to the server "
+        "(grpokit vllm-serve flags)" in result.err
+    )
+    assert "vllm_enable_sleep_mode=True has no effect with vllm_mode='server'" in result.err
+    colocate = cli("config", "validate", "--config", write("d.yaml", "use_vllm: true\nvllm_enable_sleep_mode: true\n"))
+    assert colocate.code == 0, colocate.err
+    if not torch.cuda.is_available():
+        assert "vllm_enable_sleep_mode=True has no effect on this machine: vLLM sleeps only on CUDA" in colocate.err
+    assert "vllm_mode" not in colocate.err  # nothing of server mode was set

@@ -1,4 +1,3 @@
-
 """Training stops with a clear error, naming the culprit, rather than continue on a silent default."""
 
 import importlib.util

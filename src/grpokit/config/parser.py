@@ -564,7 +564,10 @@ def plain(value):
 
 
 def machine_notes(values) -> list[str]:
-    """What depends on this machine rather than on the configuration: notes here, errors when training starts."""
+    """What depends on this machine rather than on the configuration (notes here, errors when training starts), and
+    vLLM fields of the other vLLM mode, which have no effect."""
     from .precision import hardware_notes
+    from .rules import vllm_mode_warnings
 
-    return hardware_notes(values)
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    return hardware_notes(values) + vllm_mode_warnings(values, defaults)

@@ -22,7 +22,8 @@ def cuda_available() -> bool:
 
 
 def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.origin is not None  # a bare folder of that name on sys.path is not the package
 
 
 def hardware_problems(values) -> list[str]:

@@ -22,7 +22,8 @@ INSTALL_HINT = (
 
 def require_vllm() -> None:
     """Fail with one line naming the install command when vLLM cannot be imported."""
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # a bare folder named vllm on sys.path is not vLLM
         raise RuntimeError(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
 
 

@@ -102,7 +102,9 @@ def test_engine_generates_what_the_pushed_policy_would(generator, model_dir):
 
 def test_lora_pushes_merged_weights_and_leaves_the_adapter_alone(generator, model_dir):
     peft = pytest.importorskip("peft")
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False
+    )
     model = peft.get_peft_model(load_policy(model_dir), config)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     generator.sync_weights(model)

@@ -1,0 +1,363 @@
+"""Generation by a separate `vllm serve` process (`vllm_mode: server`), started with `grpokit vllm-serve MODEL`.
+
+Completions come from the server's OpenAI-compatible `/v1/completions` (prompts as token ids, the sampled token
+ids and their logprobs back, nothing detokenized and re-tokenized). Weights go in through vLLM's weight-transfer
+routes: grpokit's `gloo` engine (`vllm_gloo.py`) on a CPU server, vLLM's `nccl` engine on a CUDA one; the server's
+configured backend decides.
+
+Only the main process talks to the server; the others hand it their prompts (`gather_object`) and take their rows
+of the answer (`broadcast_object`), and every error reaches every process, so all raise the same one instead of
+some waiting forever in a collective.
+
+The logprobs returned are the server's: they are the sampling distribution's (after temperature) only when the
+server runs with `--logprobs-mode processed_logprobs` (which `grpokit vllm-serve` passes). That cannot be seen in a
+completion, so the server's configuration is checked once, at construction, through `/server_info`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+from ..rollout.dist import LOCAL, Collective
+from .base import Generated
+from .tokens import cut_after_eos
+from .vllm_common import LOGPROBS_MODE, policy_weights, vllm_name
+
+SERVE_HINT = "grpokit vllm-serve MODEL"
+_DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
+
+
+class VLLMServerError(RuntimeError):
+    """A one-line error about the vLLM server (unreachable, wrong model, missing flags, died mid-run)."""
+
+
+class VLLMServerGenerator:
+    """Completions and weight pushes against one `vllm serve` at `base_url`."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        timeout: float,
+        group_port: int,
+        sampling: dict,
+        num_generations: int,
+        eos_token_ids: list[int],
+        model_name: str | None = None,
+        dist: Collective = LOCAL,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.group_port = group_port
+        self.sampling = dict(sampling)
+        self.num_generations = num_generations
+        self.eos_token_ids = list(eos_token_ids)
+        self.model_name = model_name
+        self.dist = dist
+        self.last_sync_seconds: float | None = None
+        self._transfer = None  # trainer-side weight-transfer engine, created at the first push
+        self._source = None  # the policy as a vLLM `WeightSource`
+        info = None
+        if dist.process_index == 0:
+            try:
+                info = ("ok", self._connect())
+            except VLLMServerError as exc:
+                info = ("error", str(exc))
+            except Exception as exc:  # noqa: BLE001 - every process must raise it, not wait in broadcast_object
+                info = ("error", f"checking the vLLM server at {self.base_url} failed: {_one_line(exc)}")
+        status, value = dist.broadcast_object(info)
+        if status == "error":
+            raise VLLMServerError(value)
+        self.served_model, self.backend, self.world_size = value
+
+    # -- connection checks (main process) --------------------------------------------------------------------
+
+    def _connect(self) -> tuple[str, str, int]:
+        self._wait_healthy()
+        served, root = self._served_model()
+        if self.model_name is not None and not _same_model(self.model_name, served, root):
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} serves {served!r}, not the policy model {self.model_name!r}: "
+                f"start it with `grpokit vllm-serve {self.model_name}`"
+            )
+        config = self._server_config()
+        transfer = config.get("weight_transfer_config") or {}
+        backend = transfer.get("backend") if isinstance(transfer, dict) else None
+        if not backend:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} has no weight-transfer engine: restart it with "
+                f"{_DEV_FLAGS} (`{SERVE_HINT}` sets them)"
+            )
+        logprobs_mode = (config.get("model_config") or {}).get("logprobs_mode")
+        if logprobs_mode is not None and logprobs_mode != LOGPROBS_MODE:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} reports {logprobs_mode} logprobs: restart it with "
+                f"--logprobs-mode {LOGPROBS_MODE} (`{SERVE_HINT}` sets it)"
+            )
+        world_size = int(self._request("GET", "/get_world_size")["world_size"])
+        return served, backend, world_size
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=min(5.0, self.timeout)) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                raise VLLMServerError(
+                    f"no vLLM server answered at {self.base_url} within {self.timeout:g}s: start one with "
+                    f"`{SERVE_HINT}` (on that host and port), or point vllm_server_base_url / vllm_server_host and "
+                    f"vllm_server_port at it"
+                )
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _served_model(self) -> tuple[str, str | None]:
+        models = self._request("GET", "/v1/models").get("data") or []
+        if not models:
+            raise VLLMServerError(f"the vLLM server at {self.base_url} lists no model at /v1/models")
+        return models[0]["id"], models[0].get("root")
+
+    def _server_config(self) -> dict:
+        info = self._request("GET", "/server_info?config_format=json", missing_ok=True)
+        if info is None:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} has no weight-sync endpoints (/server_info is missing): "
+                f"restart it with {_DEV_FLAGS} (`{SERVE_HINT}` sets them)"
+            )
+        config = info.get("vllm_config")
+        return config if isinstance(config, dict) else {}
+
+    # -- generation ------------------------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[list[int]]) -> Generated:
+        """Completions for this process's rows; called on every process, rows repeated `num_generations` times."""
+        local = [list(map(int, p)) for p in prompt_ids]
+        per_process = self.dist.gather_object([local])
+        result = None
+        if self.dist.process_index == 0:
+            try:
+                result = ("ok", self._complete([row for rows in per_process for row in rows]))
+            except (VLLMServerError, ValueError) as exc:
+                result = ("error", str(exc), type(exc).__name__)
+            except Exception as exc:  # noqa: BLE001 - every process must raise it, not wait in broadcast_object
+                result = ("error", f"generating with the vLLM server at {self.base_url} failed: {_one_line(exc)}", "")
+        result = self.dist.broadcast_object(result)
+        if result[0] == "error":
+            raise (ValueError if result[2] == "ValueError" else VLLMServerError)(result[1])
+        rows = result[1]
+        start = sum(len(p) for p in per_process[: self.dist.process_index])
+        mine = rows[start : start + len(local)]
+        return Generated([ids for ids, _ in mine], [lps for _, lps in mine])
+
+    def _complete(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """(completion ids, logprobs) for every row of `prompts`, in order; one request per distinct prompt."""
+        g = self.num_generations
+        if len(prompts) % g:
+            raise ValueError(f"{len(prompts)} prompt rows are not whole groups of num_generations={g}")
+        distinct = prompts[::g]
+        for i, prompt in enumerate(distinct):
+            if any(prompts[i * g + j] != prompt for j in range(g)):
+                raise ValueError(f"prompt rows {i * g}..{i * g + g - 1} should be one prompt repeated {g} times")
+        if not distinct:
+            return []
+        body = {key: value for key, value in self.sampling.items() if value is not None}
+        # vLLM refuses n > 1 with greedy sampling; every greedy sample is the same, so ask for one and repeat it.
+        greedy = body.get("temperature") == 0
+        n = 1 if greedy else g
+        body.update(model=self.served_model, prompt=distinct, n=n, logprobs=0, return_token_ids=True, stream=False)
+        response = self._request("POST", "/v1/completions", body, read_timeout=None)
+        choices = response.get("choices") or []
+        if len(choices) != len(distinct) * n:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} returned {len(choices)} completions for "
+                f"{len(distinct)} prompts x n={n}"
+            )
+        if greedy:
+            choices = [choice for choice in sorted(choices, key=lambda c: c["index"]) for _ in range(g)]
+        else:
+            choices = sorted(choices, key=lambda c: c["index"])
+        rows = []
+        for choice in choices:
+            ids = choice.get("token_ids")
+            if ids is None:
+                raise VLLMServerError(
+                    f"the vLLM server at {self.base_url} returned no token_ids (return_token_ids is not supported; "
+                    f"vLLM >= 0.10.2 is needed)"
+                )
+            logprobs = [
+                float(x) if x is not None else 0.0 for x in (choice.get("logprobs") or {}).get("token_logprobs") or []
+            ]
+            ids = cut_after_eos(ids, self.eos_token_ids)
+            rows.append((ids, logprobs[: len(ids)]))
+        return rows
+
+    # -- weights ---------------------------------------------------------------------------------------------
+
+    def sync_weights(self, model) -> None:
+        """Push `model`'s weights to the server (main process); every process returns or raises together."""
+        error = None
+        if self.dist.process_index == 0:
+            start = time.perf_counter()
+            try:
+                self._push(model)
+                self.last_sync_seconds = time.perf_counter() - start
+            except Exception as exc:  # noqa: BLE001 - every process must learn of it
+                error = f"pushing weights to the vLLM server at {self.base_url} failed: {_one_line(exc)}"
+                transfer, self._transfer = self._transfer, None  # a broken group is not reused
+                if transfer is not None:
+                    transfer.shutdown()
+        error = self.dist.broadcast_object(error)
+        if error is not None:
+            raise VLLMServerError(error)
+
+    def _push(self, model) -> None:
+        if self._transfer is None:
+            self._source = _PolicySource(model)
+            self._transfer = self._init_transfer(self._source)
+        self._source.model = model
+        self._transfer.send_weights()
+        # Cached prefixes hold keys and values computed with the old weights.
+        self._request("POST", "/reset_prefix_cache")
+
+    def _init_transfer(self, source):
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        host = urllib.parse.urlparse(self.base_url).hostname or "127.0.0.1"
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        client = _HTTPWeightSyncClient(self)
+        if self.backend == "gloo":
+            from .vllm_gloo import GlooTrainerInitInfo, register
+
+            register()
+            init_info = GlooTrainerInitInfo(
+                master_address=host, master_port=self.group_port, world_size=self.world_size + 1, rank=0
+            )
+        elif self.backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            from .vllm_gloo import _local_address_towards
+
+            # vLLM's NCCL rendezvous is hosted by the trainer (rank 0): give the workers this machine's address.
+            init_info = NCCLTrainerInitInfo(
+                master_address=_local_address_towards(host, self.group_port),
+                master_port=self.group_port,
+                world_size=self.world_size + 1,
+                rank=0,
+            )
+        else:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} uses the {self.backend!r} weight-transfer backend; grpokit "
+                f"pushes weights with 'gloo' or 'nccl'"
+            )
+        return WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)
+
+    def close(self) -> None:
+        """Release the transfer group (the server can then take another trainer); the server keeps running."""
+        transfer, self._transfer = self._transfer, None
+        if transfer is None:
+            return
+        try:
+            transfer.shutdown()
+        finally:
+            try:
+                self._request("POST", "/shutdown_weight_transfer_engine", timeout=10.0)
+            except VLLMServerError:
+                pass
+
+    # -- HTTP ------------------------------------------------------------------------------------------------
+
+    def _request(self, method, path, body=None, *, missing_ok=False, timeout=None, read_timeout=-1.0):
+        """JSON request; a one-line `VLLMServerError` on any failure (None for a 404 when `missing_ok`)."""
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        if timeout is None:
+            timeout = max(self.timeout, 60.0) if read_timeout == -1.0 else read_timeout
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            if missing_ok and exc.code == 404:
+                return None
+            detail = _one_line(exc.read().decode(errors="replace"))[:500]
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} answered {path} with {exc.code}: {detail}"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} did not answer {path} ({_one_line(exc)}); is it still running?"
+            ) from None
+        return json.loads(payload) if payload else {}
+
+
+class _HTTPWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over the server's weight-sync routes, with one-line errors."""
+
+    def __init__(self, generator: VLLMServerGenerator):
+        self.generator = generator
+
+    def _post(self, path, body=None):
+        self.generator._request("POST", path, body, read_timeout=None)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._post("/start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self._post("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("/finish_weight_update", None if weight_version is None else {"weight_version": weight_version})
+
+
+def _PolicySource(model):  # noqa: N802 - a class built on first use, so vLLM is imported only here
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class PolicySource(WeightSource):
+        """The policy's weights as vLLM names them (`policy_weights`: LoRA merged); `model` is set before each
+        push. `metadata()` reads names, dtypes and shapes without computing LoRA merges."""
+
+        def __init__(self, model):
+            self.model = model
+
+        def metadata(self) -> list:
+            metas, seen = [], set()
+            for name, param in self.model.named_parameters():
+                target = vllm_name(name)
+                if target is None or target in seen:
+                    continue
+                seen.add(target)
+                metas.append(ParamMeta(target, param.dtype, tuple(param.shape)))
+            return metas
+
+        def __iter__(self) -> Iterator:
+            return policy_weights(self.model)
+
+    return PolicySource(model)
+
+
+def _same_model(expected: str, served: str, root: str | None) -> bool:
+    names = {served, root} - {None}
+    if expected in names:
+        return True
+    if os.path.exists(expected):
+        real = os.path.realpath(expected)
+        return any(os.path.exists(n) and os.path.realpath(n) == real for n in names)
+    return False
+
+
+def _one_line(exc) -> str:
+    text = str(exc) if not isinstance(exc, BaseException) or str(exc) else type(exc).__name__
+    return " ".join(text.split())

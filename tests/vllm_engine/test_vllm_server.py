@@ -1,0 +1,362 @@
+"""Server-mode vLLM generation against a real `grpokit vllm-serve` (vLLM's CPU build), one server per module.
+
+Runs only where vLLM is installed (the vLLM venv); the main suite skips it:
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest tests/vllm_engine/test_vllm_server.py -q -p no:cacheprovider -x
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm.distributed.weight_transfer")
+
+import torch  # noqa: E402
+
+from grpokit.generation.tokens import cut_after_eos  # noqa: E402
+from grpokit.generation.vllm_common import sampling_kwargs  # noqa: E402
+from grpokit.generation.vllm_server import VLLMServerError, VLLMServerGenerator  # noqa: E402
+from grpokit.tiny import save_tiny  # noqa: E402
+
+MAX_TOKENS = 8
+NUM_GENERATIONS = 2
+START_TIMEOUT_S = 420
+PROMPTS = [
+    "hello world",
+    "abc",
+    # longer than a KV block, so the prefix cache holds full blocks of it between rounds
+    "The quick brown fox jumps over the lazy dog; " * 4,
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _greedy_args(**overrides):
+    args = dict(
+        repetition_penalty=1.0,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=None,
+        min_p=None,
+        max_completion_length=MAX_TOKENS,
+        vllm_structured_outputs_regex=None,
+        generation_kwargs=None,
+    )
+    args.update(overrides)
+    return SimpleNamespace(**args)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, ...; tied embeddings, as tiny models are built.
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    """`grpokit vllm-serve` on a free port; stopped (terminate, then kill, the whole process group) at the end."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "vllm.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [sys.executable, "-m", "grpokit", "vllm-serve", model_dir, "--port", str(port)]
+    cmd += ["--max-model-len", "256", "--dtype", "float32"]
+    start = time.monotonic()
+    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def stop():
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left (engine core, workers)
+        proc.wait(timeout=30)
+
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"grpokit vllm-serve exited with {proc.returncode}:\n{_tail(log_path)}")
+            if time.monotonic() - start > START_TIMEOUT_S:
+                pytest.fail(f"grpokit vllm-serve not healthy after {START_TIMEOUT_S}s:\n{_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(1)
+        started_s = time.monotonic() - start
+        print(f"\nvllm-serve healthy after {started_s:.1f}s")
+        yield SimpleNamespace(url=url, port=port, proc=proc, stop=stop, log=log_path, started_s=started_s)
+    finally:
+        stop()
+        log.close()
+
+
+def _signal_group(pid: int, sig) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path, n=40) -> str:
+    return "\n".join(open(path).read().splitlines()[-n:])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+def _hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def _hf_greedy(model, prompt_ids, eos_token_ids):
+    """transformers' greedy completion (cut after EOS) and the log-softmax of each chosen token."""
+    out = []
+    for prompt in prompt_ids:
+        ids = torch.tensor([prompt])
+        full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False)
+        completion = cut_after_eos(full[0, len(prompt) :].tolist(), eos_token_ids)
+        seq = torch.tensor([prompt + completion])
+        logits = model(seq).logits[0, len(prompt) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+        out.append((completion, logprobs.tolist()))
+    return out
+
+
+def _generator(server, tokenizer, model_dir, *, dist=None, eos_token_ids=None, **kwargs):
+    kwargs.setdefault("model_name", model_dir)
+    return VLLMServerGenerator(
+        base_url=server.url,
+        timeout=30,
+        group_port=kwargs.pop("group_port", _free_port()),
+        sampling=sampling_kwargs(_greedy_args()),
+        num_generations=NUM_GENERATIONS,
+        eos_token_ids=eos_token_ids or [tokenizer.eos_token_id],
+        **({"dist": dist} if dist is not None else {}),
+        **kwargs,
+    )
+
+
+def _repeat(prompts):
+    return [p for p in prompts for _ in range(NUM_GENERATIONS)]
+
+
+def _assert_matches(generated, reference, *, atol=1e-4):
+    """`generated` (rows grouped by NUM_GENERATIONS) equals `reference` (one per prompt); returns the largest
+    logprob gap."""
+    assert len(generated.completion_ids) == len(reference) * NUM_GENERATIONS
+    gap = 0.0
+    for row, (ids, logprobs) in enumerate(zip(generated.completion_ids, generated.logprobs, strict=True)):
+        ref_ids, ref_logprobs = reference[row // NUM_GENERATIONS]
+        assert ids == ref_ids, f"row {row}: vLLM {ids} != transformers {ref_ids}"
+        assert len(logprobs) == len(ids)
+        diff = max((abs(a - b) for a, b in zip(logprobs, ref_logprobs, strict=True)), default=0.0)
+        assert diff <= atol, f"row {row}: logprob gap {diff}"
+        gap = max(gap, diff)
+    return gap
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_register_is_idempotent_and_config_accepts_gloo():
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    from grpokit.generation import vllm_gloo
+
+    vllm_gloo.register()
+    vllm_gloo.register()
+    assert WeightTransferEngineFactory._registry["gloo"]() is vllm_gloo.GlooWeightTransferEngine
+    assert WeightTransferTrainerFactory._registry["gloo"]() is vllm_gloo.GlooTrainerWeightTransferEngine
+    assert WeightTransferConfig(backend="gloo").backend == "gloo"
+
+
+def test_bucket_plan_round_trip():
+    from grpokit.generation.vllm_gloo import _aligned, _nbytes, plan_buckets
+
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.float16]
+    shapes = [[3, 5], [7], [], [1000]]
+    buckets = plan_buckets(dtypes, shapes, bucket_bytes=200)
+    assert [i for b in buckets for i in b] == [0, 1, 2, 3]
+    assert buckets[-1] == [3]  # larger than a bucket: alone
+    for bucket in buckets[:-1]:
+        assert sum(_aligned(_nbytes(dtypes[i], shapes[i])) for i in bucket) <= 200
+
+
+def test_greedy_matches_transformers(server, tokenizer, model_dir, prompt_ids):
+    eos = [tokenizer.eos_token_id]
+    generator = _generator(server, tokenizer, model_dir)
+    reference = _hf_greedy(_hf_model(model_dir), prompt_ids, eos)
+    generated = generator.generate(_repeat(prompt_ids))
+    gap = _assert_matches(generated, reference)
+    print(f"\ngreedy: {len(prompt_ids)} prompts x {NUM_GENERATIONS}, largest logprob gap vs transformers {gap:.2e}")
+
+    # A further EOS id cuts the completion right after its first occurrence, logprobs alike.
+    first = reference[0][0]
+    stop = first[min(2, len(first) - 1)]
+    cut = _generator(server, tokenizer, model_dir, eos_token_ids=[*eos, stop]).generate(_repeat(prompt_ids[:1]))
+    expected = cut_after_eos(first, [*eos, stop])
+    assert cut.completion_ids == [expected] * NUM_GENERATIONS
+    assert [len(lp) for lp in cut.logprobs] == [len(expected)] * NUM_GENERATIONS
+
+
+def test_groups_spanning_processes(server, tokenizer, model_dir, prompt_ids):
+    """Two "processes" (threads behind a collective): 3 prompts x 2 rows split 3 / 3, so the second prompt's group
+    spans both; each gets exactly its rows, and only the main one talks to the server."""
+    rows = _repeat(prompt_ids)
+    single = _generator(server, tokenizer, model_dir).generate(rows)
+    collectives = _ThreadCollectives(2)
+    results, errors = [None, None], []
+    generators = [None, None]
+
+    def run(rank, share):
+        try:
+            generators[rank] = _generator(server, tokenizer, model_dir, dist=collectives[rank])
+            results[rank] = generators[rank].generate(share)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+            collectives.abort()
+
+    threads = [threading.Thread(target=run, args=(r, s)) for r, s in ((0, rows[:3]), (1, rows[3:]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert results[0].completion_ids + results[1].completion_ids == single.completion_ids
+    assert results[0].logprobs + results[1].logprobs == single.logprobs
+
+
+def test_sync_weights_updates_server(server, tokenizer, model_dir, prompt_ids):
+    eos = [tokenizer.eos_token_id]
+    generator = _generator(server, tokenizer, model_dir)
+    model = _hf_model(model_dir)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _hf_greedy(model, prompt_ids, eos)
+    # Fill the prefix cache with KV computed with the original weights.
+    _assert_matches(generator.generate(_repeat(prompt_ids)), before)
+    times = []
+    try:
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.add_(torch.randn_like(param) * 0.5)
+            reference = _hf_greedy(model, prompt_ids, eos)
+            assert [r[0] for r in reference] != [b[0] for b in before], "the perturbation must change greedy output"
+            generator.sync_weights(model)
+            times.append(generator.last_sync_seconds)
+            _assert_matches(generator.generate(_repeat(prompt_ids)), reference)
+    finally:
+        model.load_state_dict(original)
+        generator.sync_weights(model)  # leave the server as it started
+        generator.close()
+    _assert_matches(_generator(server, tokenizer, model_dir).generate(_repeat(prompt_ids)), before)
+    assert all(t is not None and t > 0 for t in times)
+    print(f"\npush times: first (with group init) {times[0]:.3f}s, second {times[1]:.3f}s")
+
+
+def test_unreachable_server_is_one_line():
+    port = _free_port()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        VLLMServerGenerator(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=2,
+            group_port=_free_port(),
+            sampling={},
+            num_generations=2,
+            eos_token_ids=[1],
+        )
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"http://127.0.0.1:{port}" in message and "grpokit vllm-serve" in message
+    assert time.monotonic() - start < 15
+
+
+def test_wrong_model_name_is_one_line(server, tokenizer, model_dir):
+    with pytest.raises(VLLMServerError) as info:
+        _generator(server, tokenizer, model_dir, model_name="Qwen/Qwen2.5-0.5B-Instruct")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "Qwen/Qwen2.5-0.5B-Instruct" in message and model_dir in message and server.url in message
+
+
+def test_server_gone_mid_run_is_one_line(server, tokenizer, model_dir, prompt_ids):
+    """Last in the module: it stops the shared server."""
+    generator = _generator(server, tokenizer, model_dir)
+    server.stop()
+    with pytest.raises(RuntimeError) as info:
+        generator.generate(_repeat(prompt_ids[:1]))
+    message = str(info.value)
+    assert "\n" not in message and server.url in message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _ThreadCollectives:
+    """`Collective`s for N threads in one process (gather_object / broadcast_object through a barrier)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.barrier = threading.Barrier(n, timeout=120)
+        self.slots = [None] * n
+
+    def abort(self):
+        self.barrier.abort()
+
+    def __getitem__(self, rank):
+        outer = self
+
+        class _Collective:
+            process_index = rank
+            num_processes = outer.n
+
+            def gather_object(self, items):
+                outer.slots[rank] = list(items)
+                outer.barrier.wait()
+                out = [x for slot in outer.slots for x in slot]
+                outer.barrier.wait()
+                return out
+
+            def broadcast_object(self, obj):
+                if rank == 0:
+                    outer.slots[0] = obj
+                outer.barrier.wait()
+                out = outer.slots[0]
+                outer.barrier.wait()
+                return out
+
+        return _Collective()
