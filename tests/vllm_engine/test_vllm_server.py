@@ -25,7 +25,6 @@ import torch  # noqa: E402
 from grpokit.generation.tokens import cut_after_eos  # noqa: E402
 from grpokit.generation.vllm_common import sampling_kwargs  # noqa: E402
 from grpokit.generation.vllm_server import VLLMServerError, VLLMServerGenerator  # noqa: E402
-from grpokit.tiny import save_tiny  # noqa: E402
 
 MAX_TOKENS = 8
 NUM_GENERATIONS = 2
@@ -60,9 +59,17 @@ def _greedy_args(**overrides):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, ...; tied embeddings, as tiny models are built.
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_heads=2)
+def demo_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(demo_dir):
+    # The demo's initial model (head_dim 32: vLLM's CPU attention supports head sizes 32, 64, ...; tied embeddings),
+    # so that the last test can train the demo against this server.
+    from grpokit.demo import prepare_demo
+
+    return prepare_demo(demo_dir)[0]
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +318,31 @@ def test_wrong_model_name_is_one_line(server, tokenizer, model_dir):
     message = str(info.value)
     assert "\n" not in message
     assert "Qwen/Qwen2.5-0.5B-Instruct" in message and model_dir in message and server.url in message
+
+
+def test_demo_trains_against_the_server(server, tokenizer, demo_dir, prompt_ids):
+    """The README's server-mode command: the demo trains with the server generating (reward rises, the trainer's and
+    vLLM's logprobs agree), and afterwards the server generates what the saved model generates under transformers."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--output_dir", demo_dir, "--max_steps", "120"]
+    command += ["--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(server.port)]
+    command += ["--vllm_group_port", str(_free_port())]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    rows = [json.loads(line) for line in open(os.path.join(demo_dir, "metrics.jsonl"))]
+    rows = [r for r in rows if "reward" in r]
+    assert len(rows) == 12
+    # a random policy scores ~0.01 (one digit in ten, per character); 120 steps of the demo's 400 lift it well above
+    first, last = rows[0]["reward"], sum(r["reward"] for r in rows[-3:]) / 3
+    assert first < 0.05 and last > 0.1 and last > 5 * first, [r["reward"] for r in rows]
+    assert all(r["sampling/sampling_logp_difference/max"] < 1e-4 for r in rows)
+    # The server holds the weights of the last round; one more push of the final (saved) weights, then compare.
+    trained = _hf_model(demo_dir)
+    generator = _generator(server, tokenizer, os.path.join(demo_dir, "initial_model"))
+    generator.sync_weights(trained)
+    _assert_matches(generator.generate(_repeat(prompt_ids)), _hf_greedy(trained, prompt_ids, [tokenizer.eos_token_id]))
 
 
 def test_server_gone_mid_run_is_one_line(server, tokenizer, model_dir, prompt_ids):

@@ -127,8 +127,8 @@ class VLLMColocateGenerator:
     def generate(self, prompt_ids: list[list[int]]) -> Generated:
         from vllm import SamplingParams
 
-        local = len(prompt_ids)
-        prompts = self._gather_group(prompt_ids)
+        parts = self._gather_group(prompt_ids)  # the prompts of each rank of this tensor-parallel group
+        prompts = [p for part in parts for p in part]
         kwargs = dict(self.sampling)
         if isinstance(kwargs.get("structured_outputs"), dict):
             from vllm.sampling_params import StructuredOutputsParams
@@ -153,16 +153,18 @@ class VLLMColocateGenerator:
                 "set n (each prompt is already repeated num_generations times)"
             )
         if self.tp > 1:  # keep this rank's share of the group's prompts
-            start = (self.dist.process_index % self.tp) * local
-            completions, logprobs = completions[start : start + local], logprobs[start : start + local]
+            member = self.dist.process_index % self.tp
+            start = sum(len(part) for part in parts[:member])
+            end = start + len(parts[member])
+            completions, logprobs = completions[start:end], logprobs[start:end]
         return Generated(completions, logprobs)
 
-    def _gather_group(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+    def _gather_group(self, prompt_ids: list[list[int]]) -> list[list[list[int]]]:
         if self.tp == 1:
-            return list(prompt_ids)
+            return [list(prompt_ids)]
         gathered: list = [None] * self.tp
         torch.distributed.all_gather_object(gathered, list(prompt_ids), group=self.tp_group)
-        return [p for part in gathered for p in part]
+        return gathered
 
     # ------------------------------------------------------------------------------------------------ sleep mode
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# vLLM on an NVIDIA GPU: colocate and server mode (NCCL weight transfer), a few GRPO steps each on a small model,
+# printing engine start, step and weight-push times. Meant for a lent GPU machine with no network beyond PyPI:
+# it builds its own venv, a random-init Qwen2 model (0.1B-class) and a prompt file locally. About 5-8 minutes.
+#   bash benchmarks/gpu_check.sh            # from the repository root
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+WORK=${WORK:-$(mktemp -d)}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+python3 -m venv "$WORK/venv"
+. "$WORK/venv/bin/activate"
+pip install -q -e ".[vllm]"
+python - <<'PY'
+import torch, vllm, transformers
+print(f"torch {torch.__version__} (cuda {torch.version.cuda}), vllm {vllm.__version__}, transformers {transformers.__version__}")
+PY
+
+# A random-init Qwen2 (hidden 1024, 8 layers, 16 heads) with a word-level tokenizer, and digit prompts.
+python - "$WORK" <<'PY'
+import json, os, random, sys
+from grpokit.tiny import build_word_tokenizer, build_model
+work = sys.argv[1]
+tok = build_word_tokenizer(vocab_size=32768)
+model = build_model(tok, hidden_size=1024, num_layers=8, num_heads=16, vocab_size=len(tok))
+model.save_pretrained(f"{work}/model"); tok.save_pretrained(f"{work}/model")
+rng = random.Random(0)
+with open(f"{work}/prompts.jsonl", "w") as f:
+    for _ in range(2000):
+        f.write(json.dumps({"prompt": f"{rng.randrange(10)}="}) + "\n")
+print("model:", sum(p.numel() for p in model.parameters()) / 1e6, "M parameters")
+PY
+
+COMMON=(--model_name_or_path "$WORK/model" --dataset_name "$WORK/prompts.jsonl" --reward_funcs grpokit.demo.copy_digit_reward
+  --num_generations 8 --per_device_train_batch_size 32 --max_completion_length 64 --max_steps 12 --logging_steps 1
+  --learning_rate 1e-5 --beta 0.0 --bf16 true --report_to none --save_strategy no --use_vllm true)
+
+report() {  # the step times and weight-push times a run logged
+  python - "$1" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+steps = [r["step_time"] for r in rows if "step_time" in r][2:]
+syncs = [r["timing/vllm_weight_sync"] for r in rows if "timing/vllm_weight_sync" in r][1:]
+gap = [r["sampling/sampling_logp_difference/mean"] for r in rows if "sampling/sampling_logp_difference/mean" in r]
+print(f"  median step {statistics.median(steps):.3f} s, median weight push {statistics.median(syncs):.3f} s, "
+      f"logp gap mean {statistics.mean(gap):.2e}")
+PY
+}
+
+echo "== colocate"
+start=$(date +%s)
+grpokit train "${COMMON[@]}" --vllm_mode colocate --vllm_gpu_memory_utilization 0.3 --output_dir "$WORK/colocate" \
+  > "$WORK/colocate.log" 2>&1 || { tail -30 "$WORK/colocate.log"; exit 1; }
+echo "  wall $(( $(date +%s) - start )) s (engine start included)"
+report "$WORK/colocate"
+
+echo "== server (NCCL weight transfer)"
+start=$(date +%s)
+CUDA_VISIBLE_DEVICES=0 grpokit vllm-serve "$WORK/model" --port 8011 --gpu-memory-utilization 0.3 > "$WORK/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+until curl -sf http://127.0.0.1:8011/health > /dev/null; do
+  kill -0 $SERVER 2>/dev/null || { tail -30 "$WORK/server.log"; exit 1; }
+  sleep 2
+done
+echo "  server healthy after $(( $(date +%s) - start )) s"
+grpokit train "${COMMON[@]}" --vllm_mode server --vllm_server_port 8011 --output_dir "$WORK/server" \
+  > "$WORK/server-train.log" 2>&1 || { tail -30 "$WORK/server-train.log"; exit 1; }
+report "$WORK/server"
+echo "logs and runs in $WORK"
