@@ -99,6 +99,7 @@ def _train(argv, *, demo: bool = False) -> int:
     if training_args.process_index == 0:
         _write_resolved_config(resolution, training_args.output_dir)
 
+    from grpokit.generation import GenerationError
     from grpokit.trainer import GRPOTrainer
 
     recorder = RunRecorder(training_args.output_dir, fresh=training_args.process_index == 0)
@@ -112,7 +113,7 @@ def _train(argv, *, demo: bool = False) -> int:
             peft_config=_peft_config(model_args),
             callbacks=[recorder],
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, GenerationError) as exc:
         _error(" ".join(str(exc).split())[:500])
         return 2
     recorder.trainer = trainer
@@ -125,11 +126,11 @@ def _train(argv, *, demo: bool = False) -> int:
 
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    except (RewardError, KeyboardInterrupt) as exc:
+    except (RewardError, GenerationError, KeyboardInterrupt) as exc:
         # Nothing trained so far is lost: the weights are saved beside the run before stopping.
         saved = os.path.join(training_args.output_dir, f"interrupted-step-{trainer.state.global_step}")
         trainer.save_model(saved)
-        reason = " ".join(str(exc).split()) if isinstance(exc, RewardError) else "interrupted"
+        reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else " ".join(str(exc).split())
         _error(f"{reason} (weights at step {trainer.state.global_step} saved to {saved})")
         return 1
     trainer.save_model(training_args.output_dir)

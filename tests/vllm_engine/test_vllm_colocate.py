@@ -142,3 +142,11 @@ def test_demo_trains_with_vllm_colocate(tmp_path):
         assert abs(row["sampling/importance_sampling_ratio/max"] - 1) < 1e-4
         assert row["sampling/sampling_logp_difference/max"] < 1e-4
         assert row["timing/vllm_weight_sync"] > 0
+
+
+def test_unsupported_head_size_is_one_line_before_the_engine_starts(tmp_path):
+    from grpokit.generation import GenerationError
+
+    path = save_tiny(tmp_path / "h16", hidden_size=64, num_heads=4)  # head size 16
+    with pytest.raises(GenerationError, match=r"head size 16 is not one vLLM's CPU attention supports \(\[32, 64,"):
+        VLLMColocateGenerator(model_path=path, sampling={}, eos_token_ids=[], dtype="float32")

@@ -8,7 +8,7 @@
 `tokens.py` holds what every backend shares: prompt encoding, padding, EOS handling, decoding to text.
 """
 
-from .base import Generated, GenerationBackend
+from .base import Generated, GenerationBackend, GenerationError
 from .tokens import (
     cut_after_eos,
     decode_completions,
@@ -23,6 +23,7 @@ from .transformers_backend import TransformersGenerator
 __all__ = [
     "GenerationBackend",
     "Generated",
+    "GenerationError",
     "TransformersGenerator",
     "cut_after_eos",
     "decode_completions",

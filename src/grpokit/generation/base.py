@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class GenerationError(RuntimeError):
+    """A generation backend cannot go on (an engine that does not start, a server that is unreachable or died): one
+    line saying what and how to fix it. `grpokit train` stops on it like on a failing reward, saving the weights."""
+
+
 @dataclass
 class Generated:
     """What one `generate` call returns, one entry per prompt, in prompt order.

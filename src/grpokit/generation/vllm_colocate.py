@@ -26,7 +26,7 @@ import torch
 
 from grpokit.rollout.dist import LOCAL, Collective
 
-from .base import Generated
+from .base import Generated, GenerationError
 from .tokens import cut_after_eos
 from .vllm_common import LOGPROBS_MODE, policy_weights, require_vllm
 
@@ -83,24 +83,31 @@ class VLLMColocateGenerator:
                 "the engine keeps its memory between rounds"
             )
         self.last_sync_seconds = 0.0
+        _check_head_size(model_path)
         _ensure_launcher_environment()
         from vllm import LLM
 
-        start = time.perf_counter()
-        self.llm = LLM(
+        engine_kwargs = dict(
             model=model_path,
             dtype=dtype,
-            tensor_parallel_size=tensor_parallel_size,
+            tensor_parallel_size=self.tp,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_length,
             model_impl=model_impl,
             enable_sleep_mode=self.sleep_mode,
             max_num_seqs=max_num_seqs,
-            seed=seed + dist.process_index // tensor_parallel_size,
+            seed=seed + dist.process_index // self.tp,  # each tensor-parallel group samples differently
             distributed_executor_backend="external_launcher",
             logprobs_mode=LOGPROBS_MODE,
             enforce_eager=not torch.cuda.is_available(),  # CPU: no graph capture to pay for
         )
+        start = time.perf_counter()
+        try:
+            self.llm = LLM(**engine_kwargs)
+        except Exception as error:  # vLLM's own errors are long; the log has the whole traceback
+            logger.exception("the vLLM engine failed to start")
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise GenerationError(f"the vLLM engine failed to start for {model_path}: {first}") from error
         self.start_seconds = time.perf_counter() - start
         self._awake = True
         self._sleep()
@@ -223,6 +230,25 @@ def _refresh_tied_lm_head(vllm_model) -> None:
         return
     if getattr(head, "weight", None) is getattr(embed, "weight", None):
         method.process_weights_after_loading(head)
+
+
+def _check_head_size(model_path: str) -> None:
+    """vLLM's CPU attention takes only some head sizes; say so in one line instead of failing inside the engine."""
+    if torch.cuda.is_available():
+        return
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_path)
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is not None and head_dim not in supported:
+        raise GenerationError(
+            f"{model_path}: head size {head_dim} is not one vLLM's CPU attention supports ({supported}); use a "
+            "model whose hidden_size / num_attention_heads is one of them, or generate without vLLM on CPU"
+        )
 
 
 def _tensor_parallel_group(size: int, dist: Collective):

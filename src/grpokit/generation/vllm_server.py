@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 
 from ..rollout.dist import LOCAL, Collective
-from .base import Generated
+from .base import Generated, GenerationError
 from .tokens import cut_after_eos
 from .vllm_common import LOGPROBS_MODE, policy_weights, vllm_name
 
@@ -33,7 +33,7 @@ SERVE_HINT = "grpokit vllm-serve MODEL"
 _DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(GenerationError):
     """A one-line error about the vLLM server (unreachable, wrong model, missing flags, died mid-run)."""
 
 
