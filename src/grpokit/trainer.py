@@ -265,6 +265,7 @@ class GRPOTrainer(Trainer):
             enable_sleep_mode=args.vllm_enable_sleep_mode,
             max_num_seqs=max(rows, args.per_device_eval_batch_size * args.vllm_tensor_parallel_size),
             seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
             dist=self._dist,
         )
 

@@ -46,6 +46,7 @@ class VLLMColocateGenerator:
             `vllm_*` fields of `GRPOConfig`.
         max_num_seqs: the most sequences one engine generates at once (the rows of one generation round).
         seed: the run's seed; each tensor-parallel group adds its index.
+        trust_remote_code: as for transformers' `from_pretrained`.
         dist: the training processes.
     """
 
@@ -63,6 +64,7 @@ class VLLMColocateGenerator:
         enable_sleep_mode: bool = False,
         max_num_seqs: int | None = None,
         seed: int = 0,
+        trust_remote_code: bool = False,
         dist: Collective = LOCAL,
     ):
         require_vllm()
@@ -100,6 +102,8 @@ class VLLMColocateGenerator:
             distributed_executor_backend="external_launcher",
             logprobs_mode=LOGPROBS_MODE,
             enforce_eager=not torch.cuda.is_available(),  # CPU: no graph capture to pay for
+            max_num_batched_tokens=4096,  # as TRL: vLLM's memory profiler misjudges its much larger default
+            trust_remote_code=trust_remote_code,
         )
         start = time.perf_counter()
         try:

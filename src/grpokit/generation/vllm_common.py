@@ -5,10 +5,13 @@ one-line errors when vLLM is missing. Nothing here imports vLLM at module level.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Iterator
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 # The logprobs vLLM reports for sampled tokens: after its logits processing (temperature, penalties, top-k/p), i.e.
 # of the distribution the token was drawn from; the trainer scores with logits divided by the temperature.
@@ -31,7 +34,7 @@ def sampling_kwargs(args, *, n: int = 1) -> dict:
     """Keyword arguments of `vllm.SamplingParams` for `args` (a `GRPOConfig`), as TRL 1.16 maps them.
 
     `max_tokens` is `max_completion_length`; `logprobs=0` asks for the sampled token's logprob only; `top_k=0` and
-    `min_p=0.0` are vLLM's "off"; `generation_kwargs` win over everything else. The structured-output regex is kept
+    `min_p=0.0` are vLLM's "off"; `generation_kwargs` win over everything else but the regex. The structured-output regex is kept
     under `"structured_outputs": {"regex": ...}` (a plain dict, so the server backend can send it as JSON; the
     colocate backend turns it into `StructuredOutputsParams`).
     """
@@ -45,9 +48,14 @@ def sampling_kwargs(args, *, n: int = 1) -> dict:
         "max_tokens": args.max_completion_length,
         "logprobs": 0,
     }
-    if args.vllm_structured_outputs_regex:
-        kwargs["structured_outputs"] = {"regex": args.vllm_structured_outputs_regex}
     kwargs.update(_as_dict(args.generation_kwargs))
+    if args.vllm_structured_outputs_regex:  # wins over a structured_outputs entry of generation_kwargs, as in TRL
+        if kwargs.get("structured_outputs") is not None:
+            logger.warning(
+                "vllm_structured_outputs_regex and generation_kwargs['structured_outputs'] are both set; "
+                "the regex is used"
+            )
+        kwargs["structured_outputs"] = {"regex": args.vllm_structured_outputs_regex}
     return kwargs
 
 
