@@ -262,7 +262,9 @@ def test_groups_spanning_processes(server, tokenizer, model_dir, prompt_ids):
         t.join(timeout=120)
     assert not errors, errors
     assert results[0].completion_ids + results[1].completion_ids == single.completion_ids
-    assert results[0].logprobs + results[1].logprobs == single.logprobs
+    # the same tokens; their logprobs up to float rounding (vLLM's batches and prefix cache differ between calls)
+    for split, whole in zip(results[0].logprobs + results[1].logprobs, single.logprobs, strict=True):
+        assert split == pytest.approx(whole, abs=1e-5)
 
 
 def test_sync_weights_updates_server(server, tokenizer, model_dir, prompt_ids):

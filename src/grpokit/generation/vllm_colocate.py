@@ -86,7 +86,6 @@ class VLLMColocateGenerator:
             )
         self.last_sync_seconds = 0.0
         _check_head_size(model_path)
-        _ensure_launcher_environment()
         from vllm import LLM
 
         engine_kwargs = dict(
@@ -107,7 +106,8 @@ class VLLMColocateGenerator:
         )
         start = time.perf_counter()
         try:
-            self.llm = LLM(**engine_kwargs)
+            with _launcher_environment():
+                self.llm = LLM(**engine_kwargs)
         except Exception as error:  # vLLM's own errors are long; the log has the whole traceback
             logger.exception("the vLLM engine failed to start")
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -270,13 +270,21 @@ def _can_sleep() -> bool:
     return bool(current_platform.is_sleep_mode_available())
 
 
-def _ensure_launcher_environment() -> None:
+@contextlib.contextmanager
+def _launcher_environment():
     """`external_launcher` reads the torch.distributed rendezvous from the environment; a plain single process (no
-    accelerate/torchrun) has none, so give it a one-process world on a free local port."""
+    accelerate/torchrun) has none, so it gets a one-process world on a free local port while the engine starts (and
+    nothing after: a child process, e.g. another run, must not inherit a port this process holds)."""
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             defaults["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
+    added = [key for key in defaults if key not in os.environ]
+    for key in added:
+        os.environ[key] = defaults[key]
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
