@@ -74,13 +74,15 @@ class CountingGenerator:
     """Wraps the trainer's generator to count generation rounds."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+        self.inner, self.calls, self.pushes = inner, 0, []
+        self.last_sync_seconds = 0.0
 
     def generate(self, prompt_ids):
         self.calls += 1
         return self.inner.generate(prompt_ids)
 
     def sync_weights(self, model):
+        self.pushes.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         self.inner.sync_weights(model)
 
 
@@ -106,6 +108,31 @@ def test_generation_rounds_are_reused(
     assert counting.calls == generations
     assert ("old_logps" in trainer._buffered_inputs[0]) == off_policy
     assert changed(before, trainer.model)
+
+
+@pytest.mark.parametrize(
+    "overrides, pushes",
+    [
+        ({"steps_per_generation": 2, "max_steps": 4}, 2),  # rounds at steps 0 and 2: one push each
+        ({"num_iterations": 2, "max_steps": 4}, 2),  # a round is trained on twice: no push for the second pass
+        ({"max_steps": 3}, 3),  # one round per optimizer step
+    ],
+)
+def test_weights_are_pushed_once_per_round_when_the_policy_changed(
+    overrides, pushes, tiny_model, tiny_tokenizer, dataset, make_args
+):
+    """With a vLLM-style backend (`use_vllm`), the policy is pushed when a round starts and the policy changed since
+    the last push (the first round always), never per micro-step; what is pushed is the policy at that moment."""
+    args = make_args(**overrides)
+    trainer = GRPOTrainer(tiny_model, text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    trainer.generator = counting = CountingGenerator(trainer.generator)
+    trainer.args.use_vllm = True  # the push logic only; generation stays transformers'
+    trainer.train()
+    assert len(counting.pushes) == pushes == counting.calls
+    first, last = counting.pushes[0], counting.pushes[-1]
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # later pushes carry the trained weights
+    logged = [row for row in trainer.state.log_history if "timing/vllm_weight_sync" in row]
+    assert logged, "push time is logged"
 
 
 def test_async_reward_and_none_rewards(tiny_model, tiny_tokenizer, dataset, make_args):

@@ -70,6 +70,9 @@ class TransformersGenerator:
         completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
         return Generated([cut_after_eos(ids, self.eos_token_ids) for ids in completions])
 
+    def sync_weights(self, model) -> None:
+        """Nothing to push: `generate` runs the live policy."""
+
     def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
         if self.share_prefix and _standard_causal_lm(model):
             from .decoding import Unsupported, shared_prefix_decoding
@@ -94,6 +97,3 @@ def _standard_causal_lm(model) -> bool:
             return False
         model = model.get_base_model()
     return isinstance(model, PreTrainedModel) and not model.config.is_encoder_decoder
-
-    def sync_weights(self, model) -> None:
-        """Nothing to push: `generate` runs the live policy."""
