@@ -12,13 +12,19 @@ forced to 32 tokens with `generation_kwargs={"min_new_tokens": 32}`):
     short   ~6-token prompts, character vocabulary
     long    128-token prompts, character vocabulary
     vocab   16-token prompts, a 32,768-word vocabulary (the LM head dominates memory)
+    vllm    `long`'s model and prompts, generation by vLLM in colocate mode on both sides (`use_vllm=True,
+            vllm_mode="colocate"`, fp32 engine, completions forced with `generation_kwargs={"min_tokens": 32}`);
+            needs vLLM and TRL in the same interpreter (`--trl-python` = this python), not in the default list
 
 Every run is its own subprocess (so peak RSS is its own), with 2 torch threads. Runs alternate grpokit / TRL. Each
 run trains `warmup + steps` optimizer steps; the warm-up steps are dropped and the median of the others is kept,
 then the median over runs.
 
 Phases (the same instrumentation on both sides):
-    generation  the trainer's generation call (grpokit: `trainer.generator.generate`; TRL: `_generate_single_turn`)
+    generation  the trainer's generation call (grpokit: `trainer.generator.generate`; TRL: `_generate_single_turn`);
+                with vLLM the weight push to the engine as well (grpokit: `trainer.generator.sync_weights`, called
+                before generation; TRL: `vllm_generation.sync_weights`, called inside `_generate_single_turn`), also
+                reported on its own as `weight_sync`
     rewards     the reward function
     logprobs    the trainer's log-probability passes (forward only; grpokit: its scoring calls; TRL:
                 `_get_per_token_logps_and_entropies`), in the rollout and in the loss
@@ -64,12 +70,14 @@ class Workload:
     hidden_size: int = 512
     num_layers: int = 4
     num_heads: int = 8
+    vllm: bool = False  # generation by vLLM in colocate mode (head dim >= 32 for vLLM's CPU attention)
 
 
 WORKLOADS = {
     "short": Workload("short", prompt_tokens=6, vocab="char"),
     "long": Workload("long", prompt_tokens=128, vocab="char"),
     "vocab": Workload("vocab", prompt_tokens=16, vocab="word", hidden_size=256, num_heads=4),
+    "vllm": Workload("vllm", prompt_tokens=128, vocab="char", vllm=True),
 }
 
 
@@ -161,9 +169,11 @@ def reward_distinct(completions, **kwargs):
     return [len(set(c)) / max(1, len(c)) for c in completions]
 
 
-def config_values(output_dir: str, max_steps: int) -> dict:
-    """The GRPOConfig values both sides train with."""
-    return dict(
+def config_values(output_dir: str, max_steps: int, vllm: bool = False) -> dict:
+    """The GRPOConfig values both sides train with. With `vllm`, generation by a vLLM engine inside the training
+    process (colocate mode; `min_tokens` is vLLM's name for `min_new_tokens`; the importance-sampling correction at
+    its default, on)."""
+    values = dict(
         output_dir=output_dir,
         per_device_train_batch_size=COMPLETIONS_PER_STEP,
         gradient_accumulation_steps=1,
@@ -184,6 +194,9 @@ def config_values(output_dir: str, max_steps: int) -> dict:
         disable_tqdm=True,
         log_completions=False,
     )
+    if vllm:
+        values.update(use_vllm=True, vllm_mode="colocate", generation_kwargs={"min_tokens": COMPLETION_LENGTH})
+    return values
 
 
 # ------------------------------------------------------------------------------------------------ instrumentation
@@ -199,7 +212,8 @@ class PhaseTimer:
         self.backward_end = 0.0
         self.completion_tokens = 0
 
-    def wrap(self, owner, attribute: str, phase: str, count_tokens=None):
+    def wrap(self, owner, attribute: str, phase: str | None, count_tokens=None, also: str | None = None):
+        """Time `owner.attribute` calls into `phase` (None: into none of PHASES) and into `also` (a sub-phase)."""
         original = getattr(owner, attribute)
 
         @functools.wraps(original)
@@ -207,7 +221,10 @@ class PhaseTimer:
             start = time.perf_counter()
             result = original(*args, **kwargs)
             end = time.perf_counter()
-            self.current[phase] += end - start
+            if phase is not None:
+                self.current[phase] += end - start
+            if also is not None:
+                self.current[also] += end - start
             if phase == "backward":
                 self.backward_end = end
             if count_tokens is not None:
@@ -294,7 +311,12 @@ def ablate(trainer, name: str) -> None:
 def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
     import grpokit.trainer as module
 
-    timer.wrap(trainer.generator, "generate", "generation", count_tokens=lambda ids: sum(map(len, ids)))
+    def count(out):  # a `Generated` (or, in older grpokit, the list of completion ids)
+        return sum(map(len, getattr(out, "completion_ids", out)))
+
+    timer.wrap(trainer.generator, "generate", "generation", count_tokens=count)
+    if trainer.args.use_vllm:  # the weight push runs before the generate call, in the rollout
+        timer.wrap(trainer.generator, "sync_weights", "generation", also="weight_sync")
     for name in ("score_tokens",):
         if hasattr(module, name):
             timer.wrap(module, name, "logprobs")
@@ -303,6 +325,8 @@ def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
 
 def instrument_trl(trainer, timer: PhaseTimer) -> None:
     timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=lambda out: sum(map(len, out[0])))
+    if trainer.args.use_vllm:  # called inside `_generate_single_turn`: timed into generation already
+        timer.wrap(trainer.vllm_generation, "sync_weights", None, also="weight_sync")
     timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprobs")
     timer.wrap(trainer.accelerator, "backward", "backward")
 
@@ -321,9 +345,73 @@ def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer:
     )
     if ablation:
         ablate(trainer, ablation)
+    if side == "trl" and trainer.args.use_vllm:
+        patch_trl_weight_sync(trainer.vllm_generation)
     (instrument_grpokit if side == "grpokit" else instrument_trl)(trainer, timer)
     trainer.add_callback(timer.callback())
     return trainer
+
+
+def patch_trl_engine(engine: dict) -> None:
+    """Time TRL's `vllm.LLM(...)` construction into `engine["start_seconds"]`, and give it `dtype="float32"`.
+
+    TRL 1.16 builds its engine without a dtype, and vLLM's "auto" turns a float32 checkpoint into bfloat16 on CPU;
+    grpokit passes the policy's dtype. Both engines run fp32 here, as the policies do.
+    """
+    import trl.generation.vllm_generation as module
+
+    original = module.LLM
+
+    def timed_llm(*args, **kwargs):
+        kwargs.setdefault("dtype", "float32")
+        start = time.perf_counter()
+        llm = original(*args, **kwargs)
+        engine["start_seconds"] = time.perf_counter() - start
+        return llm
+
+    module.LLM = timed_llm
+
+
+def patch_trl_weight_sync(vllm_generation) -> None:
+    """Make TRL 1.16's colocate weight push work on vLLM's CPU build.
+
+    TRL pushes each parameter with `model.load_weights([(name, param)])`. vLLM's CPU build (0.32) packs every linear
+    layer's weight for its GEMM after loading and leaves an empty `Parameter` without a `weight_loader` in its place,
+    so that call fails at the first push (`'Parameter' object has no attribute 'weight_loader'`; TRL 1.16 supports
+    vLLM up to 0.31), and even where it ran it would not refresh the packed copies. Here TRL's own parameter iterator
+    goes through vLLM's in-place reload instead (which re-runs each layer's post-load processing; a tied LM head,
+    not loaded by name, is re-packed from the new embedding), then the prefix cache is reset as TRL does.
+    """
+
+    def sync_weights():
+        llm = vllm_generation.llm
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        runner.reload_weights(weights_iterator=vllm_generation._iter_named_params(), is_checkpoint_format=True)
+        model = runner.get_model()
+        head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+        method = getattr(head, "quant_method", None)
+        if method is not None and embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", 0):
+            method.process_weights_after_loading(head)
+        llm.reset_prefix_cache()
+
+    vllm_generation.sync_weights = sync_weights
+
+
+def engine_settings(llm) -> dict:
+    """What the vLLM engine runs with (dtype, eager or compiled, prefix caching, token budget)."""
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    if config is None:
+        return {}
+    return {
+        "dtype": str(config.model_config.dtype),
+        "enforce_eager": config.model_config.enforce_eager,
+        "compilation_mode": str(config.compilation_config.mode),
+        "compilation_backend": str(config.compilation_config.backend),
+        "prefix_caching": config.cache_config.enable_prefix_caching,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_model_len": config.model_config.max_model_len,
+    }
 
 
 def max_rss_mb() -> float:
@@ -354,13 +442,39 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
     baseline = max_rss_mb()  # after imports and the model load
 
     timer = PhaseTimer()
+    engine = {}
+    if side == "trl" and workload.vllm:
+        patch_trl_engine(engine)
     with tempfile.TemporaryDirectory() as out:
-        values = config_values(out, warmup + steps)
+        values = config_values(out, warmup + steps, vllm=workload.vllm)
+        start = time.perf_counter()
         trainer = make_trainer(side, model, tokenizer, dataset, values, timer, ablation)
+        init_seconds = time.perf_counter() - start
         trainer.train()
     peak = max_rss_mb()
     measured = timer.steps[warmup:]
-    median = {key: statistics.median(s[key] for s in measured) for key in measured[0]}
+    keys = {key for s in measured for key in s}
+    median = {key: statistics.median(s.get(key, 0.0) for s in measured) for key in sorted(keys)}
+    vllm = None
+    if workload.vllm:
+        llm = trainer.generator.llm if side == "grpokit" else trainer.vllm_generation.llm
+        if side == "grpokit":
+            engine["start_seconds"] = trainer.generator.start_seconds
+        # the trainer's own log of every step (warm-up included): the gap between the engine's sampling logprobs and
+        # the trainer's, and the importance-sampling ratios
+        logged = [
+            {k: v for k, v in entry.items() if k.startswith("sampling/")}
+            for entry in trainer.state.log_history
+            if "sampling/sampling_logp_difference/mean" in entry
+        ]
+        vllm = {
+            "engine_start_s": engine.get("start_seconds"),
+            "trainer_init_s": init_seconds,
+            "engine": engine_settings(llm),
+            "sampling_metrics": logged,
+            "logp_diff_mean": statistics.mean(e["sampling/sampling_logp_difference/mean"] for e in logged),
+            "logp_diff_max": max(e["sampling/sampling_logp_difference/max"] for e in logged),
+        }
     groups = COMPLETIONS_PER_STEP // NUM_GENERATIONS
     flops = step_flops(model.config.to_dict(), workload.prompt_tokens, COMPLETION_LENGTH, groups, NUM_GENERATIONS)
     peak_flops = matmul_peak()
@@ -376,6 +490,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
         "flops": flops,
         "matmul_peak": peak_flops,
         "efficiency": flops / peak_flops / median["step"],
+        "vllm": vllm,
     }
 
 
@@ -454,6 +569,10 @@ def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         "CUDA_VISIBLE_DEVICES": "",
+        # vLLM (the `vllm` workload): 1 GiB of KV cache on CPU, no usage reports
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
     }
     for attempt in range(retries + 1):
         wait_until_idle()
@@ -487,6 +606,12 @@ def summarise(runs: list[dict]) -> dict:
         summary[key] = statistics.median(r[key] for r in runs)
     summary["matmul_peak_gflops"] = statistics.median(r["matmul_peak"] for r in runs) / 1e9
     summary["flops_g"] = runs[0]["flops"] / 1e9
+    if all(r.get("vllm") for r in runs):
+        summary["weight_sync"] = statistics.median(r["median"].get("weight_sync", 0.0) for r in runs)
+        for key in ("engine_start_s", "trainer_init_s", "logp_diff_mean"):
+            summary[key] = statistics.median(r["vllm"][key] for r in runs)
+        summary["logp_diff_max"] = max(r["vllm"]["logp_diff_max"] for r in runs)
+        summary["engine"] = runs[0]["vllm"]["engine"]
     return summary
 
 
@@ -507,6 +632,18 @@ def print_table(results: dict) -> None:
             cells += [f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}"]
             cells += [f"{ours[k] / theirs[k]:.2f}" for k in ("peak_mb", "peak_total_mb", "efficiency")]
             print(f"| {workload} | **grpokit / TRL** | " + " | ".join(f"**{c}**" for c in cells) + " |")
+    vllm_rows = [(w, side, s) for w, sides in results.items() for side, s in sides.items() if "weight_sync" in s]
+    if vllm_rows:
+        print(
+            "\n| workload | run | weight sync s | engine start s | trainer init s | logp diff mean | logp diff max |"
+        )
+        print("|---" * 7 + "|")
+        for workload, side, s in vllm_rows:
+            cells = [f"{s[k]:.3f}" for k in ("weight_sync", "engine_start_s", "trainer_init_s")]
+            cells += [f"{s['logp_diff_mean']:.2e}", f"{s['logp_diff_max']:.2e}"]
+            print(f"| {workload} | {side} | " + " | ".join(cells) + " |")
+        for workload, side, s in vllm_rows:
+            print(f"{workload} {side} engine: {s['engine']}")
     first = next(iter(next(iter(results.values())).values()))
     print(
         f"\nmatmul peak {first['matmul_peak_gflops']:.0f} GFLOP/s; peak MB = peak RSS minus the RSS after imports and "

@@ -18,7 +18,8 @@ pytest.importorskip("vllm")
 from grpokit.generation.vllm_colocate import VLLMColocateGenerator  # noqa: E402
 from grpokit.tiny import save_tiny  # noqa: E402
 
-PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+# The last prompt spans more than one KV block (128 tokens on CPU), so the prefix cache keeps it between pushes.
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [5 + i % 90 for i in range(140)]]
 MAX_TOKENS = 8
 
 
@@ -36,7 +37,7 @@ def generator(model_dir):
         sampling={"temperature": 0.0, "max_tokens": MAX_TOKENS, "logprobs": 0, "ignore_eos": True},
         eos_token_ids=[],
         dtype="float32",
-        max_model_length=64,
+        max_model_length=256,
         max_num_seqs=16,
         seed=0,
     )

@@ -127,6 +127,7 @@ class VLLMColocateGenerator:
         with _quiet_reload_log():  # it warns, each push, about layers with no weights of their own (rotary, tied head)
             runner.reload_weights(weights_iterator=policy_weights(model), is_checkpoint_format=True)
         _refresh_tied_lm_head(runner.get_model())
+        self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self.last_sync_seconds = time.perf_counter() - start
 
     def _model_runner(self):
