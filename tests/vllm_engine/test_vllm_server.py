@@ -347,10 +347,33 @@ def test_demo_trains_against_the_server(server, tokenizer, demo_dir, prompt_ids)
     _assert_matches(generator.generate(_repeat(prompt_ids)), _hf_greedy(trained, prompt_ids, [tokenizer.eos_token_id]))
 
 
-def test_server_gone_mid_run_is_one_line(server, tokenizer, model_dir, prompt_ids):
-    """Last in the module: it stops the shared server."""
+def test_server_gone_mid_run_is_one_line(server, tokenizer, model_dir, prompt_ids, tmp_path):
+    """Last in the module: it stops the shared server while a training run uses it. The run stops with one line
+    naming the server and saves the weights trained so far; the generator's own error is one line too."""
     generator = _generator(server, tokenizer, model_dir)
-    server.stop()
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--output_dir", str(out), "--max_steps", "5000"]
+    command += ["--model_name_or_path", model_dir, "--logging_steps", "1"]
+    command += ["--vllm_server_host", "127.0.0.1"]
+    command += ["--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_port", str(server.port)]
+    command += ["--vllm_group_port", str(_free_port())]
+    run = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 3"
+            time.sleep(0.5)
+        server.stop()
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and server.url in errors[0] and "saved to" in errors[0], stderr[-2000:]
+    saved = [p for p in out.iterdir() if p.name.startswith("interrupted-step-")]
+    assert len(saved) == 1 and (saved[0] / "model.safetensors").exists()
     with pytest.raises(RuntimeError) as info:
         generator.generate(_repeat(prompt_ids[:1]))
     message = str(info.value)
