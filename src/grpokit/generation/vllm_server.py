@@ -211,7 +211,10 @@ class VLLMServerGenerator:
                 self._push(model)
                 self.last_sync_seconds = time.perf_counter() - start
             except Exception as exc:  # noqa: BLE001 - every process must learn of it
-                error = f"pushing weights to the vLLM server at {self.base_url} failed: {_one_line(exc)}"
+                reason = _one_line(exc)
+                # A server error already names the server; say only what was being done.
+                where = "" if isinstance(exc, VLLMServerError) else f" to the vLLM server at {self.base_url}"
+                error = f"pushing weights{where} failed: {reason}"
                 transfer, self._transfer = self._transfer, None  # a broken group is not reused
                 if transfer is not None:
                     transfer.shutdown()
