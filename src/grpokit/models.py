@@ -88,6 +88,14 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def ignore_boolean_buffers(model: nn.Module) -> list[str]:
+    """Make DDP skip the model's boolean buffers (`ignore_bias_buffers`): it cannot broadcast them (transformers issue
+    22482). DDP reads `_ddp_params_and_buffers_to_ignore` when it wraps the model; returns the names it will skip."""
+    names = [name for name, buffer in model.named_buffers() if buffer.dtype == torch.bool]
+    model._ddp_params_and_buffers_to_ignore = names
+    return names
+
+
 def disable_dropout(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):

@@ -36,7 +36,11 @@ def run_demo(extra_args) -> int:
             out = arg.split("=", 1)[1]
     from accelerate import PartialState
 
-    state = PartialState()  # under `accelerate launch`, one process per machine writes the demo's files
+    import torch
+
+    # Under `accelerate launch`, one process per machine writes the demo's files. On a CPU machine the state must be
+    # built for the CPU: otherwise every rank takes itself for the local main process and they all write them.
+    state = PartialState(cpu=not torch.cuda.is_available())
     with state.local_main_process_first():
         os.makedirs(out, exist_ok=True)
         model_dir, data_path = prepare_demo(out)
@@ -117,6 +121,10 @@ def _train(argv, *, demo: bool = False) -> int:
         _error(" ".join(str(exc).split())[:500])
         return 2
     recorder.trainer = trainer
+    if script_args.ignore_bias_buffers:  # before training: DDP wraps the model when training starts
+        from grpokit.models import ignore_boolean_buffers
+
+        ignore_boolean_buffers(trainer.accelerator.unwrap_model(trainer.model))
     # RunRecorder prints one progress line per log (step, reward, loss, ETA) instead of tqdm and raw log dicts.
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
