@@ -34,9 +34,8 @@ def run_demo(extra_args) -> int:
             out = extra_args[i + 1]
         elif arg.startswith("--output_dir="):
             out = arg.split("=", 1)[1]
-    from accelerate import PartialState
-
     import torch
+    from accelerate import PartialState
 
     # Under `accelerate launch`, one process per machine writes the demo's files. On a CPU machine the state must be
     # built for the CPU: otherwise every rank takes itself for the local main process and they all write them.

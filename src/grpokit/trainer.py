@@ -36,6 +36,7 @@ from .config.grpo_config import GRPOConfig
 from .config.precision import hardware_problems, resolve_precision
 from .config.support import unsupported_settings
 from .generation import TransformersGenerator
+from .launch import launch_problems
 from .rollout.dist import AcceleratorCollective
 from .rollout.report import CompletionLog
 from .rollout.rewards import build_reward_functions
@@ -668,6 +669,9 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
             problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
     problems += unsupported_settings(args)
     problems += hardware_problems(vars(args))
+    state = getattr(args, "distributed_state", None)
+    if state is not None:
+        problems += launch_problems(args.world_size, str(state.distributed_type))
     if not reward_funcs:
         problems.append("reward_funcs: at least one reward function or reward model is needed")
     if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):

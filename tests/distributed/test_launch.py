@@ -1,0 +1,57 @@
+"""No silent single process: a launch that differs from what was asked stops with one line naming the fix."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpokit.launch import launch_problems
+
+ACCELERATE = ["/venv/bin/accelerate", "launch", "--num_processes", "4", "-m", "grpokit", "train"]
+
+
+def test_asked_for_several_got_one():
+    (line,) = launch_problems(1, "DistributedType.NO", env={}, parent_argv=ACCELERATE)
+    assert line.startswith("accelerate launch asked for 4 processes but started one")
+    assert "--multi_gpu" in line and "ACCELERATE_USE_CPU=true" in line
+
+
+@pytest.mark.parametrize(
+    "world_size, kind, env, argv",
+    [
+        (4, "DistributedType.MULTI_GPU", {"WORLD_SIZE": "4"}, ACCELERATE),  # got what it asked for
+        (1, "DistributedType.NO", {}, ["python", "-m", "grpokit", "train"]),  # no launcher at all
+        (1, "DistributedType.NO", {}, ["/venv/bin/accelerate", "launch", "-m", "grpokit", "train"]),  # 1 asked
+        (2, "DistributedType.FSDP", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}, []),
+    ],
+)
+def test_launches_that_match_their_request(world_size, kind, env, argv):
+    assert launch_problems(world_size, kind, env=env, parent_argv=argv) == []
+
+
+def test_processes_that_are_not_one_group():
+    (line,) = launch_problems(1, "DistributedType.NO", env={"WORLD_SIZE": "2"}, parent_argv=[])
+    assert line.startswith("the launcher started 2 processes but each runs alone")
+
+
+def test_fsdp_that_became_ddp():
+    env = {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}
+    (line,) = launch_problems(2, "DistributedType.MULTI_CPU", env=env, parent_argv=[])
+    assert line.startswith("FSDP was asked for (--use_fsdp) but accelerate runs MULTI_CPU")
+
+
+def test_accelerate_launch_without_multi_gpu_stops_in_one_line(tmp_path):
+    """The real launcher: `--num_processes 2` alone starts one process, and grpokit says so instead of training."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("ACCELERATE_")}
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpokit", "train", "--demo"]
+    command += ["--max_steps", "2", "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert "accelerate launch asked for 2 processes but started one" in errors.pop()
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # nothing trained, nothing saved
