@@ -14,7 +14,6 @@ sliced into `steps_per_generation` micro-batches.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -225,48 +224,13 @@ class GRPOTrainer(Trainer):
         )
 
     def _make_vllm_generator(self, args):
-        from .config.rules import vllm_mode_warnings
-        from .generation.vllm_common import sampling_kwargs
+        from .generation.vllm_common import build_vllm_generator
 
-        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-        for line in vllm_mode_warnings(vars(args), defaults):
-            logger.warning(line)
-        if args.vllm_mode == "server":
-            from .generation.vllm_server import VLLMServerGenerator
-
-            url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-            return VLLMServerGenerator(
-                base_url=url,
-                timeout=args.vllm_server_timeout,
-                group_port=args.vllm_group_port,
-                sampling=sampling_kwargs(args, n=args.num_generations),
-                num_generations=args.num_generations,
-                eos_token_ids=self.eos_token_ids,
-                model_name=self._model_path,
-                dist=self._dist,
-            )
-        from .generation.vllm_colocate import VLLMColocateGenerator
-
-        if not self._model_path:
-            raise ValueError(
-                "use_vllm with vllm_mode='colocate' needs the policy's checkpoint path for vLLM to start from; pass "
-                "the model as a path, or a model whose name_or_path is one"
-            )
-        policy = self.accelerator.unwrap_model(self.model)
-        rows = args.per_device_train_batch_size * args.steps_per_generation * args.vllm_tensor_parallel_size
-        return VLLMColocateGenerator(
+        return build_vllm_generator(
+            args,
             model_path=self._model_path,
-            sampling=sampling_kwargs(args, n=1),
+            dtype=str(self.accelerator.unwrap_model(self.model).dtype).removeprefix("torch."),
             eos_token_ids=self.eos_token_ids,
-            dtype=str(policy.dtype).removeprefix("torch."),
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            max_model_length=args.vllm_max_model_length,
-            model_impl=args.vllm_model_impl,
-            enable_sleep_mode=args.vllm_enable_sleep_mode,
-            max_num_seqs=max(rows, args.per_device_eval_batch_size * args.vllm_tensor_parallel_size),
-            seed=args.seed,
-            trust_remote_code=args.trust_remote_code,
             dist=self._dist,
         )
 

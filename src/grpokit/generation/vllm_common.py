@@ -119,3 +119,54 @@ def _lora_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
             if active:
                 deltas[name] = sum(module.get_delta_weight(a) for a in active)
     return deltas
+
+
+def build_vllm_generator(args, *, model_path: str | None, dtype: str, eos_token_ids: list[int], dist):
+    """The vLLM backend `args` (a `GRPOConfig` with `use_vllm`) asks for: `VLLMServerGenerator` for
+    `vllm_mode="server"`, else `VLLMColocateGenerator`. Fields of the other mode set to non-defaults are named in a
+    warning (they have no effect). `model_path` is the policy's checkpoint (the engine starts from it; the server must
+    serve it); `dtype` the policy's."""
+    import dataclasses
+
+    from grpokit.config.rules import vllm_mode_warnings
+
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    for line in vllm_mode_warnings(vars(args), defaults):
+        logger.warning(line)
+    if args.vllm_mode == "server":
+        from .vllm_server import VLLMServerGenerator
+
+        return VLLMServerGenerator(
+            base_url=args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}",
+            timeout=args.vllm_server_timeout,
+            group_port=args.vllm_group_port,
+            sampling=sampling_kwargs(args, n=args.num_generations),
+            num_generations=args.num_generations,
+            eos_token_ids=eos_token_ids,
+            model_name=model_path,
+            dist=dist,
+        )
+    from .vllm_colocate import VLLMColocateGenerator
+
+    if not model_path:
+        raise ValueError(
+            "use_vllm with vllm_mode='colocate' needs the policy's checkpoint path for vLLM to start from; pass "
+            "the model as a path, or a model whose name_or_path is one"
+        )
+    tp = args.vllm_tensor_parallel_size
+    rows = max(args.per_device_train_batch_size * args.steps_per_generation, args.per_device_eval_batch_size)
+    return VLLMColocateGenerator(
+        model_path=model_path,
+        sampling=sampling_kwargs(args, n=1),
+        eos_token_ids=eos_token_ids,
+        dtype=dtype,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_length=args.vllm_max_model_length,
+        model_impl=args.vllm_model_impl,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        max_num_seqs=rows * tp,  # a round's rows of the whole tensor-parallel group
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+        dist=dist,
+    )
