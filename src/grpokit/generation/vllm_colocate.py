@@ -7,7 +7,8 @@ rank keeps its own share. The engines' seeds differ per group (`process_index //
 
 Weights: `sync_weights(model)` loads the policy's weights (LoRA merged, names as vLLM loads them) into the engine
 through vLLM's in-place reload, which re-runs the post-load processing of every layer; on CPU a tied `lm_head` keeps
-a pre-packed copy of the embedding matrix that the reload does not refresh, so it is re-processed here.
+a pre-packed copy of the embedding matrix that the reload does not refresh, so it is re-processed here (as the gloo
+engine of server mode does).
 
 Sleep mode (`vllm_enable_sleep_mode`): the engine sleeps (weights and KV cache released) outside generation and is
 woken before each round; where the platform cannot sleep (vLLM's CPU build), it stays awake with a warning.
@@ -28,7 +29,7 @@ from grpokit.rollout.dist import LOCAL, Collective
 
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
-from .vllm_common import LOGPROBS_MODE, policy_weights, require_vllm
+from .vllm_common import LOGPROBS_MODE, policy_weights, reprocess_tied_embeddings, require_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class VLLMColocateGenerator:
         runner = self._model_runner()
         with _quiet_reload_log():  # it warns, each push, about layers with no weights of their own (rotary, tied head)
             runner.reload_weights(weights_iterator=policy_weights(model), is_checkpoint_format=True)
-        _refresh_tied_lm_head(runner.get_model())
+        reprocess_tied_embeddings(runner.get_model())  # the CPU build's packed copy of a tied LM head
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self.last_sync_seconds = time.perf_counter() - start
 
@@ -212,29 +213,6 @@ def _sampled_logprobs(sample, length: int) -> list[float]:
         entry = sample.logprobs[position].get(token) if sample.logprobs else None
         values.append(float(entry.logprob) if entry is not None else float("nan"))
     return values
-
-
-def _refresh_tied_lm_head(vllm_model) -> None:
-    """Re-run the LM head's post-load processing when it shares the embedding matrix.
-
-    vLLM's CPU backend packs each linear layer's weight for its GEMM when loading. A tied `lm_head` is not loaded by
-    name (its weight is the embedding's), so after an in-place reload its packed copy still holds the old matrix;
-    processing it again repacks it from the new weights.
-    """
-    head, embed = getattr(vllm_model, "lm_head", None), None
-    get_embed = getattr(vllm_model, "get_input_embeddings", None)
-    if callable(get_embed):
-        try:
-            embed = get_embed()
-        except TypeError:  # some models' get_input_embeddings takes the input ids
-            embed = None
-    if embed is None:
-        embed = getattr(getattr(vllm_model, "model", None), "embed_tokens", None)
-    method = getattr(head, "quant_method", None)
-    if head is None or embed is None or method is None:
-        return
-    if getattr(head, "weight", None) is getattr(embed, "weight", None):
-        method.process_weights_after_loading(head)
 
 
 def _check_head_size(model_path: str) -> None:

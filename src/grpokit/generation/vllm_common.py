@@ -4,7 +4,6 @@ one-line errors when vLLM is missing. Nothing here imports vLLM at module level.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Iterator
 
@@ -25,8 +24,9 @@ INSTALL_HINT = (
 
 def require_vllm() -> None:
     """Fail with one line naming the install command when vLLM cannot be imported."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:  # a bare folder named vllm on sys.path is not vLLM
+    from grpokit.config.precision import installed
+
+    if not installed("vllm"):
         raise RuntimeError(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
 
 
@@ -121,18 +121,41 @@ def _lora_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
     return deltas
 
 
+def reprocess_tied_embeddings(model: torch.nn.Module) -> int:
+    """Re-run the post-load processing of every unquantized embedding / LM-head layer that shares its weight with
+    another layer; returns how many were processed.
+
+    Layerwise reload processes a tied parameter for one of its layers only (a limitation of vLLM's in-place reload): with tied
+    embeddings `load_weights` never receives `lm_head.weight`, so the LM head is not processed and, on vLLM's CPU
+    backend, keeps computing logits from the GEMM handle pre-packed at load time, i.e. from the old weights.
+    `UnquantizedEmbeddingMethod.process_weights_after_loading` keeps the weight and only rebuilds that handle (a
+    no-op on GPUs), so running it again is safe.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        for _, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+    done = 0
+    seen = set()
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if id(module) in seen or not isinstance(method, UnquantizedEmbeddingMethod):
+                continue
+            seen.add(id(module))
+            method.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
 def build_vllm_generator(args, *, model_path: str | None, dtype: str, eos_token_ids: list[int], dist):
     """The vLLM backend `args` (a `GRPOConfig` with `use_vllm`) asks for: `VLLMServerGenerator` for
-    `vllm_mode="server"`, else `VLLMColocateGenerator`. Fields of the other mode set to non-defaults are named in a
-    warning (they have no effect). `model_path` is the policy's checkpoint (the engine starts from it; the server must
+    `vllm_mode="server"`, else `VLLMColocateGenerator`. `model_path` is the policy's checkpoint (the engine starts from it; the server must
     serve it); `dtype` the policy's."""
-    import dataclasses
-
-    from grpokit.config.rules import vllm_mode_warnings
-
-    defaults = {f.name: f.default for f in dataclasses.fields(args)}
-    for line in vllm_mode_warnings(vars(args), defaults):
-        logger.warning(line)
     if args.vllm_mode == "server":
         from .vllm_server import VLLMServerGenerator
 

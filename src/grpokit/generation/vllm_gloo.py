@@ -52,6 +52,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from .vllm_common import reprocess_tied_embeddings
+
 logger = logging.getLogger(__name__)
 
 BACKEND = "gloo"
@@ -322,37 +324,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if self.group is not None:
             self.group.close()
             self.group = None
-
-
-def reprocess_tied_embeddings(model: torch.nn.Module) -> int:
-    """Re-run the post-load processing of every unquantized embedding / LM-head layer that shares its weight with
-    another layer; returns how many were processed.
-
-    Layerwise reload processes a tied parameter for one of its layers only (vLLM's reload limitation 2): with tied
-    embeddings `load_weights` never receives `lm_head.weight`, so the LM head is not processed and, on vLLM's CPU
-    backend, keeps computing logits from the GEMM handle pre-packed at load time, i.e. from the old weights.
-    `UnquantizedEmbeddingMethod.process_weights_after_loading` keeps the weight and only rebuilds that handle (a
-    no-op on GPUs), so running it again is safe.
-    """
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    owners: dict[int, list[torch.nn.Module]] = {}
-    for module in model.modules():
-        for _, param in module.named_parameters(recurse=False):
-            owners.setdefault(id(param), []).append(module)
-    done = 0
-    seen = set()
-    for modules in owners.values():
-        if len(modules) < 2:
-            continue
-        for module in modules:
-            method = getattr(module, "quant_method", None)
-            if id(module) in seen or not isinstance(method, UnquantizedEmbeddingMethod):
-                continue
-            seen.add(id(module))
-            method.process_weights_after_loading(module)
-            done += 1
-    return done
 
 
 # ---------------------------------------------------------------------------------------------------------------
