@@ -96,7 +96,9 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
 
 def main(argv: list[str]) -> int:
     args, extra = build_parser().parse_known_args(argv)
-    if not _vllm_installed():
+    from grpokit.config.precision import installed
+
+    if not installed("vllm"):
         print(f"error: vllm-serve needs vLLM, which is not installed here ({INSTALL_HINT})", file=sys.stderr)
         return 2
     cmd, env_additions = build_command(args, extra)
@@ -105,15 +107,6 @@ def main(argv: list[str]) -> int:
     sys.stderr.flush()
     os.execvpe(cmd[0], cmd, {**os.environ, **env_additions})
     return 0  # not reached
-
-
-def _vllm_installed() -> bool:
-    """Whether vLLM can be imported; a namespace package named `vllm` (a folder named vllm on sys.path)
-    does not count."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    return spec is not None and spec.origin is not None
 
 
 def _has_vllm_metadata() -> bool:

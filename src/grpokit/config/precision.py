@@ -21,7 +21,8 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
+    """Whether `module` can be imported, without importing it."""
     spec = importlib.util.find_spec(module)
     return spec is not None and spec.origin is not None  # a bare folder of that name on sys.path is not the package
 
@@ -36,13 +37,13 @@ def hardware_problems(values) -> list[str]:
         problems.append("fp16=True: fp16 mixed precision needs a CUDA GPU; set fp16: false")
     if values.get("tf32") and not cuda_available():
         problems.append("tf32=True: TF32 needs an Ampere or newer GPU; unset tf32")
-    if values.get("use_vllm") and not _installed("vllm"):
+    if values.get("use_vllm") and not installed("vllm"):
         from grpokit.generation.vllm_common import INSTALL_HINT
 
         problems.append(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
-    if values.get("use_peft") and not _installed("peft"):
+    if values.get("use_peft") and not installed("peft"):
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
-    if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not _installed("bitsandbytes"):
+    if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not installed("bitsandbytes"):
         problems.append("load_in_4bit/load_in_8bit: bitsandbytes is not installed")
     return problems
 
