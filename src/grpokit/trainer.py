@@ -14,6 +14,7 @@ sliced into `steps_per_generation` micro-batches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
 from .config.grpo_config import GRPOConfig
 from .config.precision import hardware_problems, resolve_precision
+from .config.rules import vllm_mode_warnings
 from .config.support import unsupported_settings
 from .generation import TransformersGenerator
 from .launch import launch_problems
@@ -195,7 +197,11 @@ class GRPOTrainer(Trainer):
                 )
 
     def _make_generator(self, args):
-        """The generation backend: vLLM (colocate or server) when `use_vllm`, else transformers' `generate`."""
+        """The generation backend: vLLM (colocate or server) when `use_vllm`, else transformers' `generate`. vLLM fields
+        that have no effect here (without use_vllm, or of the other mode) are named in a warning."""
+        defaults = {f.name: f.default for f in dataclasses.fields(args)}
+        for line in vllm_mode_warnings(vars(args), defaults):
+            logger.warning(line)
         if args.use_vllm:
             return self._make_vllm_generator(args)
         from transformers import GenerationConfig
@@ -349,9 +355,7 @@ class GRPOTrainer(Trainer):
     def _needs_old_logps(self, mode: str) -> bool:
         """Old log-probabilities are scored after generation when updates are off-policy, and with vLLM's
         importance-sampling correction (which compares them with vLLM's own), as TRL does."""
-        if self.args.use_vllm and self.args.vllm_importance_sampling_correction:
-            return True
-        return mode == "train" and self._off_policy()
+        return bool(self._importance_sampling_settings()) or (mode == "train" and self._off_policy())
 
     def _off_policy(self) -> bool:
         """Whether the weights can change between generating a batch and training on it: when its micro-steps do

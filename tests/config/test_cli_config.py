@@ -452,3 +452,11 @@ def test_vllm_notes_name_what_has_no_effect(cli, write):
     if not torch.cuda.is_available():
         assert "vllm_enable_sleep_mode=True has no effect on this machine: vLLM sleeps only on CUDA" in colocate.err
     assert "vllm_mode" not in colocate.err  # nothing of server mode was set
+
+
+def test_vllm_fields_without_use_vllm_are_named(cli, write):
+    result = cli("config", "validate", "--config", write("c.yaml", "vllm_mode: server\nvllm_server_port: 8011\n"))
+    assert result.code == 0, result.err
+    assert "vllm_mode='server' has no effect without use_vllm: true" in result.err
+    assert "vllm_server_port=8011 has no effect without use_vllm: true" in result.err
+    assert "vllm_gpu_memory_utilization" not in result.err  # left at its default: nothing to say

@@ -100,3 +100,13 @@ def test_sync_ref_model_with_peft_is_refused(tiny_model, tiny_tokenizer, dataset
             processing_class=tiny_tokenizer,
             peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
         )
+
+
+def test_vllm_fields_without_use_vllm_are_named_at_start(make_args, dataset, tiny_model, tiny_tokenizer, caplog):
+    """Not a silent no-op: a vLLM field set while generation runs on transformers is named in a warning."""
+    args = make_args(vllm_mode="server", vllm_gpu_memory_utilization=0.5)
+    with caplog.at_level("WARNING", logger="grpokit.trainer"):
+        GRPOTrainer(tiny_model, text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "vllm_gpu_memory_utilization=0.5 has no effect without use_vllm: true" in messages
+    assert "vllm_mode='server' has no effect without use_vllm: true" in messages

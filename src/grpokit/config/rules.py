@@ -291,9 +291,14 @@ def _vllm_problems(values: dict[str, Any]) -> list[Problem]:
 
 
 def vllm_mode_warnings(values: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
-    """Fields of the other vLLM mode set to non-defaults: they have no effect in this mode, so say so."""
+    """vLLM fields set to non-defaults where they have no effect (without use_vllm, or of the other vLLM mode), so
+    that none is a silent no-op."""
     if not values.get("use_vllm"):
-        return []
+        return [
+            f"{name}={values[name]!r} has no effect without use_vllm: true"
+            for name in sorted(values)
+            if name.startswith("vllm_") and name in defaults and values[name] != defaults[name]
+        ]
     mode = values.get("vllm_mode", "colocate")
     other = SERVER_ONLY if mode == "colocate" else COLOCATE_ONLY
     where = "the server (grpokit vllm-serve flags)" if mode == "server" else "server mode"
