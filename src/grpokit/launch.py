@@ -44,20 +44,27 @@ def launch_problems(
             f"several); on GPUs add --multi_gpu, on CPU use: {CPU_FORM}"
         )
     started = _int(env.get("WORLD_SIZE"))
-    if started is not None and started > 1 and world_size == 1:
+    if started is not None and started > 1 and world_size == 1 and _true(env.get("ACCELERATE_USE_DEEPSPEED")):
+        problems.append(
+            f"the launcher started {started} DeepSpeed processes but each runs alone (not one group: every process "
+            "would train its own copy); on a CPU machine set ddp_backend: gloo (and not use_cpu)"
+        )
+    elif started is not None and started > 1 and world_size == 1:
         problems.append(
             f"the launcher started {started} processes but each runs alone (not one group: every process would "
             f"train its own copy); on a CPU machine set use_cpu: true (or ACCELERATE_USE_CPU=true), or use: {CPU_FORM}"
         )
-    if _true(env.get("ACCELERATE_USE_FSDP")) and kind != "FSDP":
+    # The process state is read before the accelerator exists: accelerate turns several GPU-like processes
+    # (MULTI_GPU, MULTI_XPU, ...) into FSDP when it builds the accelerator, but never CPU processes or a single one.
+    if _true(env.get("ACCELERATE_USE_FSDP")) and kind in ("MULTI_CPU", "NO"):
         problems.append(
-            f"FSDP was asked for (--use_fsdp) but accelerate runs {kind}: it switches to FSDP only on GPUs; drop "
-            "--use_fsdp on CPU (DDP) or run on GPUs"
+            f"FSDP was asked for (--use_fsdp) but accelerate runs {kind}: it switches to FSDP only with several GPU "
+            "processes; drop --use_fsdp on CPU (DDP) or run on GPUs"
         )
     if _true(env.get("ACCELERATE_USE_DEEPSPEED")) and kind != "DEEPSPEED":
         problems.append(
-            f"DeepSpeed was asked for (--use_deepspeed) but accelerate runs {kind}; on CPU set use_cpu: true so that "
-            "DeepSpeed runs over gloo"
+            f"DeepSpeed was asked for (--use_deepspeed) but accelerate runs {kind}: use_cpu (ACCELERATE_USE_CPU) "
+            "turns DeepSpeed off; drop it, DeepSpeed runs over gloo on a CPU machine without it"
         )
     return problems
 

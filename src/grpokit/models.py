@@ -186,13 +186,6 @@ def reference_policy(model) -> Iterator[None]:
             yield
 
 
-@torch.no_grad()
-def mix_into(target: nn.Module, source: nn.Module, alpha: float) -> None:
-    """target <- alpha * source + (1 - alpha) * target, parameter by parameter (TR-DPO's reference update)."""
-    for target_param, source_param in zip(target.parameters(), source.parameters(), strict=True):
-        target_param.data.mul_(1.0 - alpha).add_(source_param.data.to(target_param.dtype), alpha=alpha)
-
-
 def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False):
     """The policy's tokenizer (loaded from the model's path when not given, padding and truncating on the left),
     with a pad token, which the model's configs are told about."""
@@ -223,9 +216,9 @@ def prepare_policy(model, peft_config, *, beta: float, gradient_checkpointing: b
     """
     reference = None
     if beta != 0.0 and peft_config is None and not is_peft_model(model):
-        import copy
+        from .sharding import copy_for_reference
 
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        reference = copy_for_reference(model)
     if peft_config is not None:
         model = apply_peft(model, peft_config)
     elif is_peft_model(model) and beta != 0.0:

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_datasets_available
 
-from . import models
+from . import models, sharding
 from .algorithms import off_policy_mask, policy_loss
 from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
@@ -188,13 +188,22 @@ class GRPOTrainer(Trainer):
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
 
     def _place_auxiliary_models(self):
-        if self.ref_model is not None:
-            self.ref_model = self.accelerator.prepare_model(self.ref_model, evaluation_mode=True)
+        """The reference and reward models, inference only: under ZeRO-3 DeepSpeed engines partitioned like the
+        policy; under FSDP2 sharded per decoder layer; otherwise a full copy on each process's device (ZeRO-1/2 shard
+        only optimizer state and gradients, which a frozen model has not)."""
         for i, func in enumerate(self.rewards.funcs):
             if isinstance(func, PreTrainedModel):
-                self.rewards.funcs[i] = self.accelerator.prepare_model(
-                    func, evaluation_mode=True, device_placement=True
-                )
+                self.rewards.funcs[i] = self._place_frozen(func)
+        if self.ref_model is not None:
+            self.ref_model = self._place_frozen(self.ref_model)
+
+    def _place_frozen(self, model):
+        plugin = self.accelerator.state.deepspeed_plugin
+        if plugin is not None and plugin.zero_stage == 3:
+            return sharding.prepare_deepspeed_inference(model, self.accelerator)
+        if self.accelerator.is_fsdp2:
+            return sharding.shard_reference_fsdp2(model.to(self.accelerator.device), self.accelerator)
+        return self.accelerator.prepare_model(model, evaluation_mode=True, device_placement=True)
 
     def _make_generator(self, args):
         """The generation backend: vLLM (colocate or server) when `use_vllm`, else transformers' `generate`. vLLM fields
@@ -249,13 +258,26 @@ class GRPOTrainer(Trainer):
         """
         model = self.accelerator.unwrap_model(self.model_wrapped)
         layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        gather = (
+            sharding.gathered_for_generation(self.model_wrapped, model)
+            if self.args.ds3_gather_for_generation and self._deepspeed_engine() is not None
+            else contextlib.nullcontext()
+        )
         for layer in layers:
             layer.gradient_checkpointing = False
         try:
-            yield model
+            with gather:
+                yield model
         finally:
             for layer in layers:
                 layer.gradient_checkpointing = True
+
+    def _deepspeed_engine(self):
+        """The policy's DeepSpeed engine under ZeRO-3 once it is prepared (None otherwise)."""
+        engine = self.model_wrapped
+        if type(engine).__name__ != "DeepSpeedEngine" or not sharding.zero3_partitioned(engine.module):
+            return None
+        return engine
 
     # ------------------------------------------------------------------------------------------------ data order
 
@@ -318,7 +340,9 @@ class GRPOTrainer(Trainer):
         )
         if args.use_vllm and self._synced_step != self.state.global_step:
             # The policy changed since the engine last got its weights (or it never did): push them once per round.
-            self.generator.sync_weights(self.accelerator.unwrap_model(self.model))
+            policy = self.accelerator.unwrap_model(self.model)
+            with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
+                self.generator.sync_weights(policy)
             self._synced_step = self.state.global_step
             self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
@@ -618,7 +642,7 @@ class _SyncReferenceCallback(TrainerCallback):
             trainer = self.trainer
             policy = trainer.accelerator.unwrap_model(trainer.model)
             reference = trainer.accelerator.unwrap_model(trainer.ref_model)
-            models.mix_into(reference, policy, args.ref_model_mixup_alpha)
+            sharding.copy_weights(reference, policy, args.ref_model_mixup_alpha)
 
 
 def _as_list(value) -> list:
@@ -652,9 +676,6 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
             "sync_ref_model=True: beta=0.0 means no reference model, so there is nothing to synchronise; set beta > "
             "0 or sync_ref_model=False"
         )
-    plugin = getattr(args, "deepspeed_plugin", None)
-    if plugin is not None and getattr(plugin, "zero_stage", None) == 3:
-        problems.append("deepspeed: ZeRO-3 is not supported yet (generation needs the gathered weights)")
     if is_datasets_available():
         import datasets
 

@@ -24,6 +24,9 @@ def test_asked_for_several_got_one():
         (1, "DistributedType.NO", {}, ["python", "-m", "grpokit", "train"]),  # no launcher at all
         (1, "DistributedType.NO", {}, ["/venv/bin/accelerate", "launch", "-m", "grpokit", "train"]),  # 1 asked
         (2, "DistributedType.FSDP", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}, []),
+        # before the accelerator exists, GPU processes read MULTI_GPU: accelerate makes them FSDP later
+        (2, "DistributedType.MULTI_GPU", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}, []),
+        (2, "DistributedType.DEEPSPEED", {"WORLD_SIZE": "2", "ACCELERATE_USE_DEEPSPEED": "true"}, []),
     ],
 )
 def test_launches_that_match_their_request(world_size, kind, env, argv):
@@ -35,10 +38,24 @@ def test_processes_that_are_not_one_group():
     assert line.startswith("the launcher started 2 processes but each runs alone")
 
 
+def test_deepspeed_processes_that_are_not_one_group():
+    env = {"WORLD_SIZE": "2", "ACCELERATE_USE_DEEPSPEED": "true"}
+    (line,) = launch_problems(1, "DistributedType.DEEPSPEED", env=env, parent_argv=[])
+    assert line.startswith("the launcher started 2 DeepSpeed processes but each runs alone")
+    assert "ddp_backend: gloo" in line
+
+
 def test_fsdp_that_became_ddp():
     env = {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"}
     (line,) = launch_problems(2, "DistributedType.MULTI_CPU", env=env, parent_argv=[])
     assert line.startswith("FSDP was asked for (--use_fsdp) but accelerate runs MULTI_CPU")
+
+
+def test_deepspeed_turned_off_by_use_cpu():
+    env = {"WORLD_SIZE": "2", "ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_CPU": "true"}
+    (line,) = launch_problems(2, "DistributedType.MULTI_CPU", env=env, parent_argv=[])
+    assert line.startswith("DeepSpeed was asked for (--use_deepspeed) but accelerate runs MULTI_CPU")
+    assert "drop it" in line
 
 
 def test_accelerate_launch_without_multi_gpu_stops_in_one_line(tmp_path):

@@ -16,7 +16,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
     "dataset_streaming": "streaming datasets are not supported yet (the sampler needs a map-style dataset)",
     "streaming": "streaming dataset mixtures are not supported yet (the sampler needs a map-style dataset)",
-    "ds3_gather_for_generation": "DeepSpeed ZeRO-3 is not supported yet, so there are no sharded weights to gather",
 }
 
 # `log_multimodal`: it only concerns images, and image prompts / multimodal processors are refused by the trainer.

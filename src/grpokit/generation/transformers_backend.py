@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..sharding import is_sharded
 from .base import Generated
 from .tokens import cut_after_eos, pad
 
@@ -74,7 +75,9 @@ class TransformersGenerator:
         """Nothing to push: `generate` runs the live policy."""
 
     def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
-        if self.share_prefix and _standard_causal_lm(model):
+        # With sharded parameters (ZeRO-3 through its hooks, FSDP2) every forward call gathers weights with the other
+        # ranks: plain `generate` keeps them in step (synced_gpus), where grpokit's loop would let finished ranks stop.
+        if self.share_prefix and _standard_causal_lm(model) and not is_sharded(model):
             from .decoding import Unsupported, shared_prefix_decoding
 
             try:

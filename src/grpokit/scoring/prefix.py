@@ -28,6 +28,7 @@ from grpokit.algorithms.logprobs import linear_token_logps
 from grpokit.fastpath import prefix_attention
 from grpokit.fastpath.kv_cache import cache_kwarg
 from grpokit.fastpath.prefix_attention import fits, grouped_attention_model
+from grpokit.sharding import is_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +52,11 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor | None) -> tuple[Tenso
 def shared_prefix_model(model) -> nn.Module | None:
     """The transformers causal LM to score `model` with shared prefixes, or None when only the plain pass is right:
     a wrapped model (DDP, ...), prompt-learning PEFT, activation checkpointing in training mode (it drops the KV
-    cache), sharded parameters (FSDP), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers
+    cache), sharded parameters (ZeRO-3, FSDP2), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers
     other than full attention, or logits that are not `lm_head(hidden state)` (checked numerically the first
     time)."""
     lm = _causal_lm(model)
-    if lm is None or _checkpointing(lm) or _sharded(lm) or not _plain_cache(lm):
+    if lm is None or _checkpointing(lm) or is_sharded(lm) or not _plain_cache(lm):
         return None
     head = lm.get_output_embeddings()
     if type(head) is not nn.Linear or "forward" in head.__dict__:
@@ -90,11 +91,6 @@ def _causal_lm(model) -> nn.Module | None:
 
 def _checkpointing(lm) -> bool:
     return lm.training and any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
-
-
-def _sharded(lm) -> bool:
-    """FSDP2 shards parameters (DTensors) and gathers them in hooks around the root module's forward."""
-    return any(type(p).__name__ == "DTensor" for p in lm.parameters())
 
 
 def _plain_cache(lm) -> bool:
