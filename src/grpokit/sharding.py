@@ -122,33 +122,28 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_deepspeed_inference(model: nn.Module, accelerator) -> nn.Module:
-    """An inference-only DeepSpeed engine for a reference or reward model: ZeRO-3 partitioned like the policy
-    under stage 3; under stages 0-2 (which shard only optimizer state and gradients, which a frozen model has not)
-    a plain stage-0 engine, i.e. a full copy per rank. Mixed precision follows the policy's."""
+    """An inference-only ZeRO-3 engine for a reference or reward model, partitioned like the policy (the policy's
+    DeepSpeed config without optimizer or scheduler). Under stages 0-2, which divide only optimizer state and
+    gradients, a frozen model needs no engine: it stays a full copy per rank."""
     import deepspeed
 
     config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
-    stage = config.get("zero_optimization", {}).get("stage", 0)
-    for key in ("optimizer", "scheduler"):
+    for key in ("optimizer", "scheduler", "train_batch_size", "gradient_accumulation_steps"):
         config.pop(key, None)
     config["train_micro_batch_size_per_gpu"] = 1
-    config.pop("train_batch_size", None)
-    config.pop("gradient_accumulation_steps", None)
-    if stage != 3:
-        config["zero_optimization"] = {"stage": 0}
-    else:  # what the Trainer fills in for the policy only when training starts ("auto")
-        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-        zero = config["zero_optimization"]
-        for key, value in (
-            ("reduce_bucket_size", hidden and hidden * hidden),
-            ("stage3_prefetch_bucket_size", hidden and int(0.9 * hidden * hidden)),
-            ("stage3_param_persistence_threshold", hidden and 10 * hidden),
-        ):
-            if zero.get(key) == "auto":
-                if value:
-                    zero[key] = value
-                else:
-                    zero.pop(key)
+    # what the Trainer fills in ("auto") for the policy only when training starts
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    zero = config["zero_optimization"]
+    for key, value in (
+        ("reduce_bucket_size", hidden and hidden * hidden),
+        ("stage3_prefetch_bucket_size", hidden and int(0.9 * hidden * hidden)),
+        ("stage3_param_persistence_threshold", hidden and 10 * hidden),
+    ):
+        if zero.get(key) == "auto":
+            if value:
+                zero[key] = value
+            else:
+                zero.pop(key)
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()
     return engine

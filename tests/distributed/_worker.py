@@ -136,6 +136,21 @@ def main() -> None:
         "reference_sharded": trainer.ref_model is not None and reference_sharded(trainer),
         **full_weights(trainer),
     }
+    # Saving gathers the whole model (ZeRO-3: 16-bit gather on save; FSDP2: full state dict); rank 0 writes it.
+    saved = os.path.join(options.work, "saved")
+    trainer.save_model(saved)
+    trainer.accelerator.wait_for_everyone()
+    if rank == 0:  # read back as files (from_pretrained would take part in ZeRO-3's collectives)
+        from safetensors.torch import load_file
+
+        files = [f for f in os.listdir(saved) if f.endswith(".safetensors")]
+        tensors = {k: v for f in files for k, v in load_file(os.path.join(saved, f)).items()}
+        # adapter files name LoRA weights without the adapter's name
+        record["saved_weights"] = {
+            name: tensors[key].float().flatten().tolist()
+            for name in record["names"]
+            if (key := name.replace(".default.", ".")) in tensors
+        }
     with open(os.path.join(options.work, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
 

@@ -28,7 +28,11 @@ FSDP2 += ["--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_reshard_after_for
 # ZeRO-3 keeps parameters below a size threshold gathered for good; at 0 every parameter of the tiny model really
 # is partitioned between forward calls, so generation through the hooks has to gather.
 ZERO3_CONFIG = {
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "zero_optimization": {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
     "train_batch_size": "auto",
@@ -113,6 +117,7 @@ def check_ddp(records, single, label: str) -> None:
         assert FLAG in record["ddp_ignores"]  # DDP really skips the boolean buffer
         assert record["steps"] == 3
     assert records[0]["weights"] == records[1]["weights"]  # gradients all-reduced: the ranks never drift apart
+    check_saved(records[0])
     diff, moved = max_diff(single["weights"], records[0]["weights"]), max_diff(single["weights"], single["initial"])
     ref_diff = max_diff(single["reference_weights"], records[0]["reference_weights"])
     ref_moved = max_diff(single["reference_weights"], single["initial"])
@@ -154,6 +159,17 @@ def test_ddp_two_nodes_over_loopback(tmp_path, single):
     check_ddp(ranks(tmp_path), single, "DDP, 2 nodes")
 
 
+def check_saved(record) -> None:
+    """The saved model holds the whole trained policy (gathered from the shards): every weight, or with LoRA every
+    adapter weight; a tied LM head is saved once, as the embeddings."""
+    weights = dict(zip(record["names"], record["weights"], strict=True))
+    lora = any("lora_" in name for name in weights)
+    expected = {n for n in weights if "lora_" in n} if lora else set(weights) - {"lm_head.weight"}
+    assert expected and expected <= set(record["saved_weights"])
+    for name, values in record["saved_weights"].items():
+        assert values == weights[name], name
+
+
 def check_against(records, baseline, *, label, kind, wrapper, sharded, generation_sharded, reference=None) -> None:
     """An engine's two ranks against DDP's at the same process count and global batch."""
     full = sum(len(w) for w in baseline[0]["weights"])
@@ -169,6 +185,7 @@ def check_against(records, baseline, *, label, kind, wrapper, sharded, generatio
             assert record["reference"] == reference
             assert record["reference_sharded"] is sharded
     assert records[0]["weights"] == records[1]["weights"]
+    check_saved(records[0])
     diff = max_diff(baseline[0]["weights"], records[0]["weights"])
     line = f"\n{label} vs DDP: max weight difference {diff:.2e}"
     assert diff < TOLERANCE, diff
