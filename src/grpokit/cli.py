@@ -1,8 +1,9 @@
 """`grpokit`: thin command line. Parse, then hand over.
 
-grpokit train  [--config F]... [--recipe NAME] [--field value]...
+grpokit train  [--config F]... [--recipe NAME] [--field value]... [--accelerate_config NAME|FILE [--num_processes N]]
 grpokit config validate|show|plan|schema|diff ...
 grpokit recipes [show NAME]
+grpokit accelerate-configs [show NAME]
 grpokit plot RUN_DIR
 grpokit vllm-serve MODEL [options]
 """
@@ -16,17 +17,22 @@ import sys
 USAGE = """usage: grpokit <command> [options]
 
 commands:
-  train                 train (no arguments: a small built-in demo)
+  train                 train (no arguments: a small built-in demo); with --accelerate_config NAME|FILE
+                        [--num_processes N]: check once, then start that many processes with accelerate
   config validate       check a configuration: `ok`, or one line per problem (exit 2)
   config show           resolved values and their sources [--format table|yaml|json] [--all]
   config plan           batch geometry and a memory estimate, before anything loads
   config schema         JSON Schema of the YAML that --config accepts
   config diff A B       fields that resolve differently in two YAML files
   recipes [show NAME]   list the shipped recipes, or print one
+  accelerate-configs [show NAME]
+                        list the shipped accelerate launch presets (for --accelerate_config), or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
   vllm-serve MODEL      start `vllm serve` for server-mode training (see grpokit vllm-serve --help)
 
-every config subcommand and train take --config FILE (repeatable), --recipe NAME and --<field> value flags.
+every config subcommand and train take --config FILE (repeatable), --recipe NAME and --<field> value flags, and
+the launch options --accelerate_config NAME|FILE, --num_processes N, --main_process_port P (flags or YAML keys;
+`config plan` shows the batch geometry and the memory per process for that launch).
 """
 
 
@@ -39,7 +45,14 @@ def main(argv=None) -> int:
             print(USAGE)
             return 0
     command, rest = argv[0], argv[1:]
-    handlers = {"config": _config, "recipes": _recipes, "train": _train, "plot": _plot, "vllm-serve": _vllm_serve}
+    handlers = {
+        "config": _config,
+        "recipes": _recipes,
+        "accelerate-configs": _accelerate_configs,
+        "train": _train,
+        "plot": _plot,
+        "vllm-serve": _vllm_serve,
+    }
     if command not in handlers:
         from grpokit.config.suggest import closest
 
@@ -59,12 +72,13 @@ def _error(line: str) -> None:
 
 
 def _resolve(args):
-    """Resolve the default dataclasses from `args`; (resolution, None) or (None, exit code) after printing."""
+    """Resolve the default dataclasses (and the launch options) from `args`; (resolution, None) or (None, exit code)
+    after printing."""
     from grpokit.config.parser import TrlParser
     from grpokit.config.rules import ConfigError
 
     try:
-        resolution = TrlParser().resolve(args)
+        resolution = TrlParser().resolve(args, launch_options=True)
     except ConfigError as exc:
         for problem in exc.problems:
             _error(problem.line())
@@ -122,6 +136,16 @@ def _config(args) -> int:
         return code
     for note in resolution.notes:
         print(f"note: {note}", file=sys.stderr)
+    launch = resolution.launch
+    if launch is not None:
+        from grpokit.accelerate_presets import machine_problems
+
+        if sub != "plan":
+            config = f"accelerate config {launch.config.label}, " if launch.config is not None else ""
+            how = f"{resolution.processes} process(es) ({resolution.processes_how})"
+            print(f"note: launch: {config}{how}", file=sys.stderr)
+        for line in machine_problems(launch):
+            print(f"note: on this machine {line}", file=sys.stderr)
     if sub == "validate":
         print("ok")
     elif sub == "show":
@@ -142,11 +166,16 @@ def _print_plan(resolution) -> None:
     from grpokit.config.plan import batch_geometry, memory_estimate
 
     print("batch geometry")
-    rows = batch_geometry(resolution.values)
+    rows = batch_geometry(resolution.values, processes=resolution.processes, processes_how=resolution.processes_how)
     width = max(len(r[0]) for r in rows)
     for name, value, how in rows:
         print(f"  {name:<{width}}  {str(value):>8}  {how}")
-    memory = memory_estimate(resolution.values)
+    launch = resolution.launch
+    memory = memory_estimate(
+        resolution.values,
+        processes=resolution.processes,
+        accelerate_config=launch.config if launch is not None else None,
+    )
     print("memory per process (estimate)")
     if memory is None:
         print("  unknown: model_name_or_path is not a local directory with a config.json")
@@ -195,6 +224,25 @@ def _recipes(args) -> int:
             return 2
         return 0
     _error("usage: grpokit recipes [show NAME]")
+    return 2
+
+
+def _accelerate_configs(args) -> int:
+    from grpokit.accelerate_presets import preset_names, preset_summary, preset_text
+    from grpokit.config.rules import ConfigError
+
+    if not args:
+        for name in preset_names():
+            print(f"{name:<12} {preset_summary(name)}")
+        return 0
+    if args[0] == "show" and len(args) == 2:
+        try:
+            print(preset_text(args[1]), end="")
+        except ConfigError as exc:
+            _error(exc.problems[0].line())
+            return 2
+        return 0
+    _error("usage: grpokit accelerate-configs [show NAME]")
     return 2
 
 

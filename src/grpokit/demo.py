@@ -42,7 +42,11 @@ def prepare_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str,
         save_tiny(model_dir, hidden_size=64, num_layers=2, num_heads=2, seed=seed)  # head_dim 32: vLLM CPU needs >= 32
     data_path = os.path.join(workdir, "digits.jsonl")
     rng = random.Random(seed)
-    with open(data_path, "w", encoding="utf-8") as fh:
+    # Written aside and moved into place: under a launch, every process writes it (the first one first) while the
+    # first may already be reading it; a reader sees the old file or the new one, never a half-written one.
+    partial = f"{data_path}.{os.getpid()}.partial"
+    with open(partial, "w", encoding="utf-8") as fh:
         for _ in range(rows):
             fh.write(json.dumps({"prompt": f"{rng.randrange(10)}="}) + "\n")
+    os.replace(partial, data_path)
     return model_dir, data_path

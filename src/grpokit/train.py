@@ -1,7 +1,10 @@
 """`grpokit train`: parse strictly, check everything that can be checked, then load data, model and rewards, train,
 and leave the whole run in output_dir (model, tokenizer, resolved_config.yaml, metrics.jsonl, reward_curve.png).
 
-Also runs under `accelerate launch -m grpokit train --config recipe.yaml` (every process parses; rank 0 writes).
+Also runs under `accelerate launch -m grpokit train --config recipe.yaml` (every process parses; rank 0 writes), or
+starts that launch itself: `grpokit train --accelerate_config NAME|FILE [--num_processes N] ...` checks the
+configuration here, once, then runs accelerate's launcher with the same arguments less the launch flags and returns
+its exit code (see `grpokit.accelerate_presets`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def run_train(argv) -> int:
     argv = list(argv)
     if not argv or argv[0] == "--demo":
         return run_demo(argv[1:] if argv else [])
-    return _train(argv)
+    return _train(argv, relaunch_argv=argv)
 
 
 def run_demo(extra_args) -> int:
@@ -38,12 +41,18 @@ def run_demo(extra_args) -> int:
     from accelerate import PartialState
 
     # Under `accelerate launch`, one process per machine writes the demo's files. On a CPU machine the state must be
-    # built for the CPU: otherwise every rank takes itself for the local main process and they all write them.
-    state = PartialState(cpu=not torch.cuda.is_available())
+    # built for the CPU: otherwise every rank takes itself for the local main process and they all write them. The
+    # exception is DeepSpeed, which accelerate drops when told "cpu"; on CPU it needs the gloo backend instead.
+    cpu = not torch.cuda.is_available()
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    state = PartialState(cpu=cpu and not deepspeed, **({"backend": "gloo"} if cpu and deepspeed else {}))
     with state.local_main_process_first():
         os.makedirs(out, exist_ok=True)
         model_dir, data_path = prepare_demo(out)
-    if state.is_main_process:
+    from grpokit.accelerate_presets import take_launch_flags, under_launcher
+
+    launching = bool(take_launch_flags(extra_args)[0]) and not under_launcher()  # the launched processes say it
+    if state.is_main_process and not launching:
         print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
     args = [
         "--config",
@@ -56,35 +65,41 @@ def run_demo(extra_args) -> int:
         out,
         *extra_args,
     ]
-    return _train(args, demo=True)
+    return _train(args, demo=True, relaunch_argv=["--demo", *extra_args])
 
 
-def _train(argv, *, demo: bool = False) -> int:
-    from grpokit.config.parser import TrlParser
-    from grpokit.config.precision import hardware_problems
-    from grpokit.config.rules import ConfigError
-    from grpokit.config.support import unsupported_settings
+def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
+    """Check the configuration; then train in this process, or, given launch options (`--accelerate_config`) outside
+    a launcher, start the launch with `relaunch_argv` (the `grpokit train` arguments) less the launch flags."""
+    from grpokit.accelerate_presets import LAUNCHED_ENV, machine_problems, run_launch, under_launcher
 
-    try:
-        resolution = TrlParser().resolve(argv)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            _error(problem.line())
+    launched = under_launcher()  # before the configuration is resolved: that may set environment variables
+    resolution, problems = check_train_args(argv)
+    if resolution is None:
         return 2
-    for warning in resolution.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    script_args, training_args, model_args, mixture = resolution.instances
-    problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
-    if not model_args.model_name_or_path:
-        problems.append("model_name_or_path is not set: give a local model directory or a hub id")
-    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
-        problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
-    if not script_args.dataset_name and not mixture.datasets:
-        problems.append("no training data: set dataset_name or a `datasets:` mixture")
+    launch = resolution.launch
+    will_launch = launch is not None and not launched
+    if will_launch:
+        problems += machine_problems(launch)
+        if launch.config is None:
+            given = " and ".join(f"{k} ({s})" for k, s in launch.sources.items())
+            problems.append(
+                f"{given}: a launch needs accelerate_config too (e.g. --accelerate_config multi_cpu on CPU, multi_gpu "
+                "on GPUs; see grpokit accelerate-configs)"
+            )
     if problems:
         for line in problems:
             _error(line)
         return 2
+    if will_launch:
+        return run_launch(launch, argv if relaunch_argv is None else relaunch_argv)
+    if launch is not None and LAUNCHED_ENV not in os.environ:
+        print(
+            "warning: the launch options (" + ", ".join(launch.sources) + ") are ignored: this process was started "
+            "by a launcher already",
+            file=sys.stderr,
+        )
+    script_args, training_args, model_args, mixture = resolution.instances
 
     from grpokit.data import DataError, load_train_eval
 
@@ -153,6 +168,34 @@ def _train(argv, *, demo: bool = False) -> int:
         if demo:
             _demo_verdict(out)
     return 0
+
+
+def check_train_args(argv):
+    """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
+    the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
+    for the processes they ask for."""
+    from grpokit.config.parser import TrlParser
+    from grpokit.config.precision import hardware_problems
+    from grpokit.config.rules import ConfigError
+    from grpokit.config.support import unsupported_settings
+
+    try:
+        resolution = TrlParser().resolve(argv, launch_options=True)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            _error(problem.line())
+        return None, []
+    for warning in resolution.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    script_args, training_args, model_args, mixture = resolution.instances
+    problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
+    if not model_args.model_name_or_path:
+        problems.append("model_name_or_path is not set: give a local model directory or a hub id")
+    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
+        problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
+    if not script_args.dataset_name and not mixture.datasets:
+        problems.append("no training data: set dataset_name or a `datasets:` mixture")
+    return resolution, problems
 
 
 def _resolve_rewards(script_args, training_args) -> list:

@@ -303,7 +303,8 @@ def test_schema_is_valid_draft_2020_12(schema):
 def test_schema_describes_every_key(schema):
     properties = schema["properties"]
     assert FIELDS <= set(properties)
-    assert set(properties) - FIELDS == {"env"} | (set(RENAMED_KEYS) - DEPRECATED_FIELDS)
+    launch = {"accelerate_config", "num_processes", "main_process_port"}  # `grpokit train`'s launch options
+    assert set(properties) - FIELDS == {"env"} | launch | (set(RENAMED_KEYS) - DEPRECATED_FIELDS)
     for name in FIELDS:
         assert properties[name].get("description"), name
     assert properties["num_generations"]["minimum"] == 2 and properties["num_generations"]["default"] == 8
@@ -354,6 +355,7 @@ def test_schema_validates_recipes(validator, name):
         {"reward_funcs": [{"nam": "format"}]},
         {"env": {"A": [1, 2]}},
         {"generation_kwargs": [1]},
+        {"num_processes": 0},
     ],
     ids=lambda d: json.dumps(d),
 )
@@ -373,6 +375,8 @@ def test_schema_accepts_what_the_parser_accepts(validator):
         "bf16": None,
         "pad_to_multiple_of": "auto",
         "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+        "accelerate_config": "zero2",
+        "num_processes": 4,
     }
     assert [e.message for e in validator.iter_errors(ok)] == []
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from transformers import TrainingArguments
 
-from .rules import derive_batch_geometry, validate_instance
+from .rules import derive_batch_geometry, geometry_processes, validate_instance
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -188,8 +188,9 @@ class GRPOConfig(TrainingArguments):
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
-            "help": "Under DeepSpeed ZeRO-3, gather the full policy weights for generation (fast, needs memory). "
-            "Without ZeRO-3 it has no effect."
+            "help": "Under DeepSpeed ZeRO-3, gather the full policy weights on every process for generation (fast, "
+            "needs the whole model's memory); false generates through DeepSpeed's hooks, gathering layer by layer at "
+            "every token (slow, lean). Without ZeRO-3 it has no effect."
         },
     )
     max_tool_calling_iterations: int | None = field(
@@ -492,7 +493,7 @@ class GRPOConfig(TrainingArguments):
             self.mixed_precision = "bf16"
         if self.pad_to_multiple_of == "auto":
             self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
-        derived = derive_batch_geometry(vars(self), num_processes=self.world_size)
+        derived = derive_batch_geometry(vars(self), num_processes=geometry_processes(self.world_size))
         for name, value in derived.items():
             setattr(self, name, value)
 

@@ -19,11 +19,19 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
+from grpokit.accelerate_presets import (
+    LAUNCH_OPTIONS,
+    launch_request,
+    pop_launch_keys,
+    take_launch_flags,
+    under_launcher,
+)
+
 from .grpo_config import GRPOConfig
 from .migrations import RENAMED_KEYS, legacy_scale_rewards
 from .model_config import ModelConfig
 from .recipes import load_recipe
-from .rules import ConfigError, Problem, check_fields, check_geometry, num_processes_from_env
+from .rules import ConfigError, Problem, check_fields, check_geometry, num_processes_from_env, planned_processes
 from .script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
 from .suggest import closest
 from .types import MAPPING_ITEM_FIELDS, CoercionError, coerce, field_types
@@ -43,6 +51,8 @@ DERIVED_FIELDS = (
 )
 
 RESERVED_KEYS = ("config", "recipe", "env")
+# Launch options of the grpokit command line, known with `launch_options=True`.
+LAUNCH_KEYS = LAUNCH_OPTIONS
 
 
 @dataclass
@@ -55,6 +65,11 @@ class Resolution:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     remaining: list[str] = field(default_factory=list)
+    # The launch options (`resolve(..., launch_options=True)`): a `grpokit.accelerate_presets.LaunchRequest` or None.
+    launch: Any = None
+    # The processes the batch geometry was checked and derived for, and where that number comes from.
+    processes: int = 1
+    processes_how: str = "WORLD_SIZE of the launch (accelerate launch sets it); 1 otherwise"
 
 
 class TrlParser(HfArgumentParser):
@@ -101,11 +116,16 @@ class TrlParser(HfArgumentParser):
 
     # ---- Resolution ----
 
-    def resolve(self, args=None, *, allow_remaining=False) -> Resolution:
+    def resolve(self, args=None, *, allow_remaining=False, launch_options=False) -> Resolution:
         """Resolve every layer into instances; raise ConfigError with every problem found.
 
         Stages: read the YAML files, apply their `env:` sections, stack the layers (recipe, YAML, command line),
         migrate renamed keys, coerce every value by its field's type, check the rules, build the dataclasses.
+
+        With `launch_options=True` (the grpokit command line), `accelerate_config`, `num_processes` and
+        `main_process_port` (flags or YAML keys) are taken as the launch options (`Resolution.launch`), and the batch
+        geometry is checked and derived for the processes they ask for (unless this process runs under a launcher:
+        then WORLD_SIZE says how many there are).
         """
         args = list(sys.argv[1:] if args is None else args)
         if any(a in ("-h", "--help") for a in args):
@@ -114,23 +134,36 @@ class TrlParser(HfArgumentParser):
         configs, recipe_flag, field_tokens = _split_meta_args(args)
         owners = self._owners()
         report = _Report()
+        launch_given = {}
+        if launch_options:
+            launch_given, field_tokens, flag_problems = take_launch_flags(field_tokens)
+            report.problems += flag_problems
         yaml_layers = _read_yaml_files(configs, report)
         _apply_env_sections(yaml_layers, report)
+        launch, processes, processes_how = None, num_processes_from_env(), Resolution.processes_how
+        if launch_options:
+            launch, launch_problems = launch_request({**pop_launch_keys(yaml_layers), **launch_given})
+            report.problems += launch_problems
+            if launch is not None and not under_launcher():  # a launched process counts its own (WORLD_SIZE)
+                processes, processes_how = launch.processes, launch.processes_how()
         layers = _recipe_layers(yaml_layers, recipe_flag, owners, report)
         layers[1:1] = [
             (lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data) for path, data, lines in yaml_layers
         ]  # after the recipe, before the command line
-        cli_values, cli_problems, cli_remaining = self._cli_mapping(field_tokens, owners, allow_remaining)
+        cli_values, cli_problems, cli_remaining = self._cli_mapping(
+            field_tokens, owners, allow_remaining, LAUNCH_KEYS if launch_options else ()
+        )
         report.problems += cli_problems
         report.remaining += cli_remaining
         layers.insert(1 + len(yaml_layers), (lambda key: "cli", cli_values))
-        raw = _merge_layers(layers, owners, allow_remaining, report)
+        raw = _merge_layers(layers, owners, allow_remaining, report, LAUNCH_KEYS if launch_options else ())
 
         values, sources = self._field_defaults()
         _coerce_into(raw, owners, values, sources, report)
-        report.problems += self._rules(values, sources, raw)
+        report.problems += self._rules(values, processes)
         report.raise_if_any(sources)
-        instances = self._instantiate(values, sources, report)
+        with planned_processes(processes):  # derived for the processes checked, not for this one alone
+            instances = self._instantiate(values, sources, report)
         report.raise_if_any(sources)
 
         shown = _with_derived(instances, values, sources)
@@ -141,6 +174,9 @@ class TrlParser(HfArgumentParser):
             report.warnings,
             machine_notes(shown),
             report.remaining,
+            launch,
+            processes,
+            processes_how,
         )
         self.resolution = resolution
         return resolution
@@ -187,8 +223,9 @@ class TrlParser(HfArgumentParser):
                 sources[f.name] = "default"
         return values, sources
 
-    def _cli_mapping(self, tokens, owners, allow_remaining):
-        """Command-line tokens -> {field: value or list of strings}, problems, remaining strings."""
+    def _cli_mapping(self, tokens, owners, allow_remaining, extra_names=()):
+        """Command-line tokens -> {field: value or list of strings}, problems, remaining strings. `extra_names`
+        are other flags this command line knows (offered by "did you mean")."""
         values, problems, remaining = {}, [], []
         i = 0
         while i < len(tokens):
@@ -222,7 +259,7 @@ class TrlParser(HfArgumentParser):
                 if allow_remaining:
                     remaining.extend(tokens[i:j])
                 else:
-                    near = closest(name, list(owners) + ["config", "recipe"])
+                    near = closest(name, list(owners) + ["config", "recipe", *extra_names])
                     problems.append(
                         Problem(
                             f"--{name}",
@@ -256,15 +293,15 @@ class TrlParser(HfArgumentParser):
             i = j
         return values, problems, remaining
 
-    def _rules(self, values, sources, raw) -> list[Problem]:
+    def _rules(self, values, processes) -> list[Problem]:
         defaults, _ = self._field_defaults()
         problems = check_fields(values, defaults)
         if GRPOConfig in self.dataclass_types or any(issubclass(t, GRPOConfig) for t in self.dataclass_types):
-            _, geometry = check_geometry(values, num_processes_from_env())
+            _, geometry = check_geometry(values, processes)
             problems += geometry
             if any(issubclass(t, GRPOScriptArguments) for t in self.dataclass_types):
                 problems += reward_problems(values)
-        return [_with_source(p, sources) for p in problems]
+        return problems
 
 
 @dataclass
@@ -338,8 +375,9 @@ def _recipe_layers(yaml_layers, recipe_flag, owners, report) -> list:
     return [values_layer, name_layer]
 
 
-def _merge_layers(layers, owners, allow_remaining, report) -> dict[str, tuple[Any, str]]:
-    """{field: (raw value, source)} from the layers, lowest first; renamed keys migrated, unknown keys reported."""
+def _merge_layers(layers, owners, allow_remaining, report, extra_names=()) -> dict[str, tuple[Any, str]]:
+    """{field: (raw value, source)} from the layers, lowest first; renamed keys migrated, unknown keys reported
+    (`extra_names`: other keys the caller knows, offered by "did you mean")."""
     raw: dict[str, tuple[Any, str]] = {}
     for source_of, mapping in layers:
         for key, value in mapping.items():
@@ -350,7 +388,7 @@ def _merge_layers(layers, owners, allow_remaining, report) -> dict[str, tuple[An
                 if allow_remaining and source != "cli":
                     report.remaining += [f"--{key}", str(value)]
                     continue
-                near = closest(key, list(owners) + ["env", "recipe"])
+                near = closest(key, list(owners) + ["env", "recipe", *extra_names])
                 hint = f"did you mean {near!r}?" if near else None
                 report.problems.append(Problem(key, "unknown key", hint=hint, source=source))
                 continue
@@ -453,7 +491,9 @@ def _blame(dtype, message: str, values, sources) -> Problem:
     given = [f.name for f in dataclasses.fields(dtype) if f.init and sources.get(f.name, "default") != "default"]
     by_name = [n for n in given if re.search(rf"\b{re.escape(n)}\b", message)]
     by_value = [n for n in given if isinstance(values.get(n), str) and len(values[n]) >= 3 and values[n] in message]
-    name = next(iter(by_name + by_value), None)
+    # Failing that, the only field of this class that was set (e.g. `deepspeed: 5` failing inside accelerate with
+    # "'int' object has no attribute 'get'", a message that names neither the field nor its value).
+    name = next(iter(by_name + by_value + (given if len(given) == 1 else [])), None)
     if name is None:
         return Problem(dtype.__name__, message)
     return Problem(name, f"{dtype.__name__}: {message}", values.get(name), source=sources.get(name))

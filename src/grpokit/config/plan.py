@@ -1,18 +1,26 @@
-"""`grpokit config plan`: the batch geometry and a memory estimate, from the resolved values alone."""
+"""`grpokit config plan`: the batch geometry and a memory estimate, from the resolved values alone.
+
+For a launch (`--accelerate_config NAME|FILE --num_processes N`) the estimate is per process: weights, gradients,
+optimizer state and reference model are divided by N where the engine shards them (`sharding`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from .rules import num_processes_from_env
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
 
 
-def batch_geometry(values) -> list[tuple[str, object, str]]:
-    """(name, value, how it is obtained) rows of the batch geometry."""
-    processes = num_processes_from_env()
+def batch_geometry(values, *, processes=None, processes_how=None) -> list[tuple[str, object, str]]:
+    """(name, value, how it is obtained) rows of the batch geometry, for `processes` processes (default: WORLD_SIZE).
+    `values` must be resolved for the same number (`Resolution.processes`): generation_batch_size depends on it."""
+    if processes is None:
+        processes = num_processes_from_env()
+    processes_how = processes_how or "WORLD_SIZE of the launch (accelerate launch sets it); 1 otherwise"
     per_device = values["per_device_train_batch_size"]
     accum = values["gradient_accumulation_steps"]
     num_gen = values["num_generations"]
@@ -22,7 +30,7 @@ def batch_geometry(values) -> list[tuple[str, object, str]]:
     micro_steps_per_round = steps * iterations
     on_policy = accum % micro_steps_per_round == 0
     return [
-        ("processes", processes, "WORLD_SIZE of the launch (accelerate launch sets it); 1 otherwise"),
+        ("processes", processes, processes_how),
         ("per_device_train_batch_size", per_device, "completions per process per micro-step"),
         ("gradient_accumulation_steps", accum, "micro-steps per optimizer step"),
         ("num_generations", num_gen, "completions per prompt (group size)"),
@@ -105,8 +113,83 @@ def _gib(n_bytes: float) -> str:
     return f"{n_bytes / 1024**3:.2f} GiB"
 
 
-def memory_estimate(values) -> list[tuple[str, str, str]] | None:
-    """(item, size, how) rows per process; None when the model's dimensions are not known locally."""
+@dataclass(frozen=True)
+class Sharding:
+    """How a launch divides the model states among its processes."""
+
+    engine: str  # e.g. "ZeRO-3", "FSDP FULL_SHARD", "DDP", "one process"
+    divisor: int  # the processes the divided states are spread over
+    divided: frozenset = frozenset()  # of "weights", "gradients", "optimizer", "reference"
+    kind: str = "plain"  # "deepspeed", "fsdp" or "plain" (PyTorch's own: one process or DDP)
+    offloaded: frozenset = frozenset()  # of "weights", "optimizer": kept in CPU memory
+
+
+_ALL_STATES = frozenset({"weights", "gradients", "optimizer", "reference"})
+_GRADS_AND_OPTIMIZER = frozenset({"gradients", "optimizer"})
+
+
+def sharding(accelerate_config, processes: int) -> Sharding:
+    """What the engine of `accelerate_config` (a `grpokit.accelerate_presets.AccelerateConfig`, or None: plain data
+    parallel) divides by what, over `processes` processes.
+
+    DDP (and ZeRO-0) keep everything whole on every process; ZeRO-1 shards the optimizer state, ZeRO-2 also the
+    gradients, ZeRO-3 also the weights and (as TRL prepares it) the reference model; FSDP FULL_SHARD (FSDP2 with
+    reshard_after_forward) shards all four, SHARD_GRAD_OP gradients and optimizer state; HYBRID_* do so within a
+    machine.
+    """
+    if processes <= 1 and accelerate_config is None:
+        return Sharding("one process", 1)
+    if accelerate_config is None:
+        return Sharding("DDP", processes)
+    kind = accelerate_config.distributed_type
+    offloaded = frozenset(accelerate_config.offloaded)
+    if kind == "DEEPSPEED":
+        stage = accelerate_config.zero_stage
+        divided = {
+            0: frozenset(),
+            1: frozenset({"optimizer"}),
+            2: _GRADS_AND_OPTIMIZER,
+            3: _ALL_STATES,
+        }.get(stage, frozenset())
+        engine = f"ZeRO-{stage}" if stage is not None else "DeepSpeed (ZeRO stage not given)"
+        return Sharding(engine, processes, divided, "deepspeed", offloaded)
+    if kind == "FSDP":
+        strategy = accelerate_config.fsdp_strategy
+        per_machine = max(1, processes // accelerate_config.num_machines)
+        divided, divisor = {
+            "FULL_SHARD": (_ALL_STATES, processes),
+            "SHARD_GRAD_OP": (_GRADS_AND_OPTIMIZER, processes),
+            "HYBRID_SHARD": (_ALL_STATES, per_machine),
+            "HYBRID_SHARD_ZERO2": (_GRADS_AND_OPTIMIZER, per_machine),
+        }.get(strategy, (frozenset(), processes))
+        name = "FSDP2" if accelerate_config.fsdp_version == 2 else "FSDP"
+        return Sharding(f"{name} {strategy}", divisor, divided, "fsdp", offloaded)
+    if processes <= 1:
+        return Sharding("one process", 1)
+    return Sharding("DDP", processes)
+
+
+def _mixed_precision(values, accelerate_config) -> str:
+    """ "bf16", "fp16" or "no": the training config's bf16/fp16, else (bf16 unset) the accelerate config's."""
+    if values.get("fp16"):
+        return "fp16"
+    if values.get("bf16"):
+        return "bf16"
+    if values.get("bf16") is None and accelerate_config is not None:
+        if accelerate_config.mixed_precision in ("bf16", "fp16"):
+            return accelerate_config.mixed_precision
+    return "no"
+
+
+def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> list[tuple[str, str, str]] | None:
+    """(item, size, how) rows per process; None when the model's dimensions are not known locally.
+
+    Per process over a launch of `processes` processes with `accelerate_config` (see `sharding`). Bytes per weight:
+    PyTorch (one process, DDP) keeps weights, gradients and AdamW's two moments in the model's dtype; DeepSpeed under
+    bf16/fp16 mixed precision holds the model in 16-bit (2 bytes for weights and gradients) and its optimizer keeps
+    the two moments and a master copy of each trainable weight in fp32 (12 bytes); FSDP under mixed precision holds
+    the sharded weights in fp32 (accelerate upcasts them), so weights and gradients take 4 bytes, the moments 8.
+    """
     dims = _model_dims(values.get("model_name_or_path"))
     if dims is None:
         return None
@@ -115,7 +198,8 @@ def memory_estimate(values) -> list[tuple[str, str, str]] | None:
     params = parameter_count(dims)
     dtype = values.get("dtype") or "float32"
     weight_bytes = _BYTES.get(dtype, 4)
-    if values.get("use_peft"):
+    peft = bool(values.get("use_peft"))
+    if peft:
         trainable = values.get("lora_r", 16) * n_layers * sum(i + o for i, o in linear_shapes)
     else:
         trainable = params
@@ -125,22 +209,63 @@ def memory_estimate(values) -> list[tuple[str, str, str]] | None:
     prompt_note = f"prompt {prompt}" if prompt else "prompt length unknown: 512 assumed (set max_prompt_length)"
     seq = (prompt or 512) + completion
     act_per_token_layer = h if values.get("gradient_checkpointing") else 10 * h + 2 * inter
+
+    plan = sharding(accelerate_config, processes)
+    mixed = _mixed_precision(values, accelerate_config)
+    held_bytes, grad_bytes, optim_bytes, ref_bytes = weight_bytes, weight_bytes, 2 * weight_bytes, weight_bytes
+    held_how = dtype
+    optim_how = "AdamW: 2 moments per trainable weight"
+    if plan.kind == "deepspeed" and mixed != "no":
+        held_bytes, grad_bytes, optim_bytes, ref_bytes = 2, 2, 12, 2
+        held_how = f"{mixed}: DeepSpeed holds the model in 16-bit under {mixed} mixed precision"
+        optim_how = (
+            f"AdamW: 2 moments + fp32 master copy under {mixed} mixed precision, 4+4+4 bytes per trainable weight"
+        )
+    elif plan.kind == "fsdp" and mixed != "no":
+        held_bytes, grad_bytes, optim_bytes = 4, 4, 8
+        held_how = (
+            f"float32: accelerate upcasts FSDP's sharded weights (the master copy) under {mixed} mixed precision"
+        )
+        optim_how = "AdamW: 2 fp32 moments per trainable weight"
+    elif mixed != "no":
+        optim_how += f" (the weights are the master copy: {mixed} mixed precision only casts the compute)"
+
+    def per_process(item, n_bytes, how):
+        if item in plan.divided:
+            n_bytes /= plan.divisor
+            how += f"; / {plan.divisor}: {plan.engine} shards it over {plan.divisor} processes"
+        elif plan.engine != "one process":
+            how += f"; whole on every process ({plan.engine})"
+        if item in plan.offloaded:
+            how += "; offloaded to CPU memory"
+        return n_bytes, how
+
+    weights, weights_how = per_process("weights", params * held_bytes, held_how)
+    grads, grads_how = per_process(
+        "gradients", trainable * grad_bytes, "LoRA adapters only" if peft else "all weights"
+    )
+    optim, optim_how = per_process("optimizer", trainable * optim_bytes, optim_how)
     rows = [
         ("parameters", _count(params), f"{params:,} weights, from {values['model_name_or_path']}/config.json"),
-        ("weights", _gib(params * weight_bytes), f"{dtype}"),
-        (
-            "gradients",
-            _gib(trainable * weight_bytes),
-            "LoRA adapters only" if values.get("use_peft") else "all weights",
-        ),
-        ("optimizer state", _gib(trainable * 2 * weight_bytes), "AdamW: two moments per trainable weight"),
+        ("weights", _gib(weights), weights_how),
+        ("gradients", _gib(grads), grads_how),
+        ("optimizer state", _gib(optim), optim_how),
     ]
-    ref = values.get("beta", 0) > 0 and not values.get("use_peft")
+    ref = values.get("beta", 0) > 0 and not peft
+    if ref:
+        ref_size, ref_how = per_process("reference", params * ref_bytes, "beta > 0 without PEFT")
+        rows.append(("reference model", _gib(ref_size), ref_how))
+    else:
+        ref_size = 0
+        rows.append(("reference model", "0", "not loaded (beta = 0 or PEFT adapters disabled instead)"))
+    on_device = [(weights, "weights"), (grads, "gradients"), (optim, "optimizer"), (ref_size, "weights")]
+    total = sum(size for size, item in on_device if item not in plan.offloaded)
     rows.append(
         (
-            "reference model",
-            _gib(params * weight_bytes) if ref else "0",
-            "beta > 0 without PEFT" if ref else "not loaded (beta = 0 or PEFT adapters disabled instead)",
+            "model states",
+            _gib(total),
+            "weights + gradients + optimizer state + reference model"
+            + (" (less what is offloaded to CPU memory)" if plan.offloaded else ""),
         )
     )
     rows.append(

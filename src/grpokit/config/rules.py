@@ -7,6 +7,8 @@ resolves (every problem reported at once, before anything heavy is loaded).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
 import math
@@ -337,6 +339,26 @@ def num_processes_from_env() -> int:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+_PLANNED_PROCESSES: contextvars.ContextVar[int | None] = contextvars.ContextVar("planned_processes", default=None)
+
+
+@contextlib.contextmanager
+def planned_processes(processes: int):
+    """Within this block, a GRPOConfig derives its batch geometry for `processes` processes instead of its own world
+    size: the parser builds the dataclasses for the launch it checks (`--num_processes 8` checked in one process)."""
+    token = _PLANNED_PROCESSES.set(processes)
+    try:
+        yield
+    finally:
+        _PLANNED_PROCESSES.reset(token)
+
+
+def geometry_processes(world_size: int) -> int:
+    """The processes a GRPOConfig derives its batch geometry for: the planned ones, else its world size."""
+    planned = _PLANNED_PROCESSES.get()
+    return world_size if planned is None else planned
 
 
 def _nearest_multiples(value: int, step: int) -> list[int]:

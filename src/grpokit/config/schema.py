@@ -125,6 +125,7 @@ def build_schema(dataclass_types) -> dict:
         "description": "Environment variables set (as strings) before the rest of the config is applied.",
         "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
     }
+    properties.update(_launch_properties())
     for old, (new, why) in RENAMED_KEYS.items():
         if old not in properties:
             target = dict(properties.get(new, {})) if new else {}
@@ -141,4 +142,30 @@ def build_schema(dataclass_types) -> dict:
         "type": "object",
         "properties": properties,
         "additionalProperties": False,
+    }
+
+
+def _launch_properties() -> dict:
+    """The launch options `grpokit train` takes from the YAML (not fields of any dataclass)."""
+    from grpokit.accelerate_presets import preset_names
+
+    return {
+        "accelerate_config": {
+            "type": "string",
+            "description": "grpokit train starts the processes with accelerate: a shipped preset ("
+            + ", ".join(preset_names())
+            + ") or an accelerate config file.",
+            "examples": preset_names(),
+        },
+        "num_processes": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "Processes the launch starts (default: the accelerate config's num_processes).",
+        },
+        "main_process_port": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 65535,
+            "description": "Port of the launch's rendezvous (default: accelerate's).",
+        },
     }
