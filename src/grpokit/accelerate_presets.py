@@ -329,6 +329,19 @@ def machine_problems(request: LaunchRequest | None) -> list[str]:
     return []
 
 
+def engine_settings(config: AccelerateConfig) -> dict:
+    """The sharding engine an accelerate config asks for (`grpokit.launch.engine_problems` keywords)."""
+    kind = config.distributed_type
+    fsdp = config.data.get("fsdp_config") or {}
+    return {
+        "deepspeed_stage": (config.zero_stage if config.zero_stage is not None else 2)
+        if kind == "DEEPSPEED"
+        else None,
+        "fsdp_version": config.fsdp_version if kind == "FSDP" else None,
+        "fsdp_use_orig_params": _true(fsdp.get("fsdp_use_orig_params")),
+    }
+
+
 def under_launcher(env=None) -> bool:
     """Whether this process was started by a launcher (accelerate launch, torchrun): it must not launch again."""
     env = os.environ if env is None else env
@@ -338,10 +351,16 @@ def under_launcher(env=None) -> bool:
 # ---- the launch ----
 
 
-def launch_command(request: LaunchRequest, child_args) -> list[str]:
-    """`python -m accelerate.commands.launch --config_file F [--num_processes N] [--main_process_port P] -m grpokit
-    train ARGS`, ARGS without the launch flags."""
+def launch_command(request: LaunchRequest, child_args, mixed_precision: str | None = None) -> list[str]:
+    """`python -m accelerate.commands.launch --config_file F [--num_processes N] [--main_process_port P]
+    [--mixed_precision M] -m grpokit train ARGS`, ARGS without the launch flags.
+
+    `mixed_precision`: the training config's ("no", "bf16", "fp16"). It wins over the accelerate config's, as it does
+    for a single process and DDP (the Trainer builds the accelerator from the training config); DeepSpeed would
+    otherwise refuse the mismatch after loading the model."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", request.config.path]
+    if mixed_precision is not None:
+        command += ["--mixed_precision", mixed_precision]
     if request.num_processes is not None:
         command += ["--num_processes", str(request.num_processes)]
     if request.main_process_port is not None:
@@ -359,9 +378,9 @@ def launch_env(request: LaunchRequest, env=None) -> dict[str, str]:
     return out
 
 
-def run_launch(request: LaunchRequest, child_args) -> int:
+def run_launch(request: LaunchRequest, child_args, mixed_precision: str | None = None) -> int:
     """Start the launch and wait for it: its exit code."""
-    command = launch_command(request, child_args)
+    command = launch_command(request, child_args, mixed_precision)
     print(
         f"grpokit: {request.processes} process(es) with accelerate config {request.config.label}: "
         f"{shlex.join(command)}",

@@ -69,6 +69,71 @@ def launch_problems(
     return problems
 
 
+def engine_problems(
+    *,
+    deepspeed_stage: int | None,
+    fsdp_version: int | None,
+    fsdp_use_orig_params: bool,
+    use_cpu: bool,
+    peft: bool,
+    use_vllm: bool,
+    ds3_gather_for_generation: bool,
+) -> list[str]:
+    """One line per setting the sharding engine cannot honour, found before any model loads.
+
+    Args:
+        deepspeed_stage: the ZeRO stage when DeepSpeed runs (None otherwise).
+        fsdp_version: 1 or 2 when FSDP runs (None otherwise).
+        fsdp_use_orig_params: FSDP1's `use_orig_params`.
+        use_cpu, peft, use_vllm, ds3_gather_for_generation: the training configuration's.
+    """
+    problems = []
+    if deepspeed_stage is not None and use_cpu:
+        problems.append(
+            "use_cpu=True: accelerate turns DeepSpeed off when told to use the CPU (plain DDP would run); set "
+            "use_cpu: false, DeepSpeed runs over gloo on a CPU machine without it"
+        )
+    if deepspeed_stage == 3 and use_vllm and not ds3_gather_for_generation:
+        problems.append(
+            "ds3_gather_for_generation=False: with use_vllm the ZeRO-3 weights are gathered anyway, to be pushed to "
+            "vLLM, which generates; drop it (or set it true)"
+        )
+    if fsdp_version == 1 and peft and not fsdp_use_orig_params:
+        problems.append(
+            "use_peft: FSDP1 flattens each wrapped layer's frozen base weights and trainable adapter weights into one "
+            "tensor, which must be all trainable or all frozen; set fsdp_use_orig_params: true or use fsdp_version: 2"
+        )
+    return problems
+
+
+def launched_engine(env: Mapping[str, str] | None = None, deepspeed_plugin=None) -> dict:
+    """The sharding engine accelerate's launcher asked this process for (`engine_problems` keywords)."""
+    env = os.environ if env is None else env
+    stage = None
+    if _true(env.get("ACCELERATE_USE_DEEPSPEED")):
+        stage = getattr(deepspeed_plugin, "zero_stage", None)
+        stage = stage if stage is not None else _int(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"))
+        stage = stage if stage is not None else 2  # accelerate's default
+    version = (_int(env.get("FSDP_VERSION")) or 1) if _true(env.get("ACCELERATE_USE_FSDP")) else None
+    return {
+        "deepspeed_stage": stage,
+        "fsdp_version": version,
+        "fsdp_use_orig_params": _true(env.get("FSDP_USE_ORIG_PARAMS")),
+    }
+
+
+def default_ddp_backend(env: Mapping[str, str] | None = None) -> str | None:
+    """The process-group backend when `ddp_backend` is unset: gloo for DeepSpeed processes on a machine without an
+    accelerator (accelerate leaves it unset there, and every process then counts one process); None (accelerate
+    chooses) otherwise."""
+    env = os.environ if env is None else env
+    if not _true(env.get("ACCELERATE_USE_DEEPSPEED")) or _int(env.get("LOCAL_RANK")) is None:
+        return None
+    import torch
+
+    return None if torch.accelerator.is_available() else "gloo"
+
+
 def _asked_processes(argv: Sequence[str]) -> int | None:
     """The `--num_processes` of an `accelerate launch` command line (None when it is not one or does not say)."""
     head = list(argv[:3])

@@ -68,6 +68,15 @@ def run_demo(extra_args) -> int:
     return _train(args, demo=True, relaunch_argv=["--demo", *extra_args])
 
 
+def _engine_inputs(training_args, model_args) -> dict:
+    return {
+        "use_cpu": bool(training_args.use_cpu),
+        "peft": bool(getattr(model_args, "use_peft", False)),
+        "use_vllm": bool(training_args.use_vllm),
+        "ds3_gather_for_generation": bool(training_args.ds3_gather_for_generation),
+    }
+
+
 def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     """Check the configuration; then train in this process, or, given launch options (`--accelerate_config`) outside
     a launcher, start the launch with `relaunch_argv` (the `grpokit train` arguments) less the launch flags."""
@@ -81,6 +90,12 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     will_launch = launch is not None and not launched
     if will_launch:
         problems += machine_problems(launch)
+        if launch.config is not None:
+            from grpokit.accelerate_presets import engine_settings
+            from grpokit.launch import engine_problems
+
+            _, training_args, model_args, _ = resolution.instances
+            problems += engine_problems(**engine_settings(launch.config), **_engine_inputs(training_args, model_args))
         if launch.config is None:
             given = " and ".join(f"{k} ({s})" for k, s in launch.sources.items())
             problems.append(
@@ -92,7 +107,10 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
             _error(line)
         return 2
     if will_launch:
-        return run_launch(launch, argv if relaunch_argv is None else relaunch_argv)
+        from grpokit.config.precision import launch_mixed_precision
+
+        precision = launch_mixed_precision(resolution.instances[1])
+        return run_launch(launch, argv if relaunch_argv is None else relaunch_argv, precision)
     if launch is not None and LAUNCHED_ENV not in os.environ:
         print(
             "warning: the launch options (" + ", ".join(launch.sources) + ") are ignored: this process was started "

@@ -37,7 +37,7 @@ from .config.precision import hardware_problems, resolve_precision
 from .config.rules import vllm_mode_warnings
 from .config.support import unsupported_settings
 from .generation import TransformersGenerator
-from .launch import launch_problems
+from .launch import engine_problems, launch_problems, launched_engine
 from .rollout.dist import AcceleratorCollective
 from .rollout.report import CompletionLog
 from .rollout.rewards import build_reward_functions
@@ -95,7 +95,7 @@ class GRPOTrainer(Trainer):
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
-        _check_before_loading(args, reward_funcs, train_dataset, trl_only)
+        _check_before_loading(args, reward_funcs, train_dataset, trl_only, peft_config)
         resolve_precision(args)
 
         model, tokenizer = self._build_models(model, processing_class, peft_config, args)
@@ -651,7 +651,7 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
+def _check_before_loading(args, reward_funcs, train_dataset, trl_only, peft_config=None) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
     for name, value in trl_only.items():
@@ -664,6 +664,16 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
     state = getattr(args, "distributed_state", None)
     if state is not None:
         problems += launch_problems(args.world_size, str(state.distributed_type))
+    engine = launched_engine(deepspeed_plugin=getattr(args, "deepspeed_plugin", None))
+    problems += engine_problems(
+        **engine,
+        use_cpu=False,  # what use_cpu does to DeepSpeed is visible in the state (launch_problems)
+        peft=peft_config is not None,
+        use_vllm=args.use_vllm,
+        ds3_gather_for_generation=args.ds3_gather_for_generation,
+    )
+    if engine["deepspeed_stage"] != 3 and not args.ds3_gather_for_generation:
+        logger.warning("ds3_gather_for_generation=False has no effect: DeepSpeed ZeRO-3 is not running")
     if not reward_funcs:
         problems.append("reward_funcs: at least one reward function or reward model is needed")
     if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):

@@ -56,7 +56,7 @@ def recipe(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text(
         "model_name_or_path: some-org/some-model\ndataset_name: prompts.jsonl\nreward_funcs: [tag_count]\n"
-        "num_generations: 4\nper_device_train_batch_size: 4\nreport_to: none\n"
+        "num_generations: 4\nper_device_train_batch_size: 4\nreport_to: none\nbf16: false\n"
     )
     return str(path)
 
@@ -243,6 +243,7 @@ def test_launcher_command_for_a_preset(run, launches, recipe):
     ((command, env),) = launches
     assert command == [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", preset_path("zero2"),
+        "--mixed_precision", "no",  # the training config's (bf16: false), not the preset's bf16
         "--num_processes", "4", "--main_process_port", "29555",
         "-m", "grpokit", "train", "--config", recipe, "--learning_rate", "1e-5",
     ]  # fmt: skip
@@ -252,9 +253,28 @@ def test_launcher_command_for_a_preset(run, launches, recipe):
 def test_multi_cpu_launch_tells_the_processes_to_use_the_cpu(run, launches, recipe):
     assert run("train", "--config", recipe, "--accelerate_config", "multi_cpu")[0] == 7
     ((command, env),) = launches
-    assert command[3:] == ["--config_file", preset_path("multi_cpu"), "-m", "grpokit", "train", "--config", recipe]
+    assert command[3:] == [
+        "--config_file", preset_path("multi_cpu"), "--mixed_precision", "no", "-m", "grpokit", "train", "--config", recipe
+    ]  # fmt: skip
     # accelerate does not pass the file's use_cpu on to the processes it starts: without this, each would run alone
     assert env["ACCELERATE_USE_CPU"] == "true"
+
+
+def test_deepspeed_preset_with_use_cpu_is_refused_before_the_launch(run, launches, recipe):
+    code, _, errors = run("train", "--config", recipe, "--accelerate_config", "zero3", "--use_cpu", "true")
+    assert code == 2 and launches == []
+    assert errors == [
+        "error: use_cpu=True: accelerate turns DeepSpeed off when told to use the CPU (plain DDP would run); set "
+        "use_cpu: false, DeepSpeed runs over gloo on a CPU machine without it"
+    ]
+
+
+def test_zero3_vllm_without_gathering_is_refused_before_the_launch(run, launches, recipe):
+    flags = ["--use_vllm", "true", "--vllm_mode", "colocate", "--ds3_gather_for_generation", "false"]
+    code, _, errors = run("train", "--config", recipe, "--accelerate_config", "zero3", *flags)
+    assert code == 2 and launches == []
+    # (this venv has no vLLM: that is said too, on its own line)
+    assert any(e.startswith("error: ds3_gather_for_generation=False: with use_vllm") for e in errors)
 
 
 def test_launch_options_in_the_yaml(run, launches, tmp_path, recipe):
@@ -263,7 +283,7 @@ def test_launch_options_in_the_yaml(run, launches, tmp_path, recipe):
     assert run("train", "--config", with_launch, "--num_processes", "4")[0] == 7  # the flag wins over the YAML
     ((command, _),) = launches
     assert command[3:] == [
-        "--config_file", preset_path("multi_cpu"), "--num_processes", "4",
+        "--config_file", preset_path("multi_cpu"), "--mixed_precision", "no", "--num_processes", "4",
         "-m", "grpokit", "train", "--config", str(with_launch),
     ]  # fmt: skip
 
@@ -298,16 +318,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_multi_cpu_demo_really_runs_two_processes(tmp_path):
+@pytest.mark.parametrize(
+    "preset, extra",
+    [
+        ("multi_cpu", []),
+        # DeepSpeed on CPU: not told "cpu" (the demo's own config says use_cpu: true); gloo is chosen for it. The
+        # preset's bf16 gives way to the training config's precision (fp32 here).
+        ("zero3", ["--use_cpu", "false"]),
+    ],
+)
+def test_demo_really_runs_two_processes(tmp_path, preset, extra):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("ACCELERATE_")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     out = tmp_path / "demo"
-    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--accelerate_config", "multi_cpu"]
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--accelerate_config", preset, *extra]
     command += ["--num_processes", "2", "--main_process_port", str(_free_port())]
     command += ["--max_steps", "2", "--logging_steps", "1", "--output_dir", str(out)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "grpokit: 2 process(es) with accelerate config multi_cpu" in result.stderr
+    assert f"grpokit: 2 process(es) with accelerate config {preset}" in result.stderr
     # Rank 0 derived the generation batch for 2 processes: 32 completions per process x 2 processes x 1 step.
     assert "generation_batch_size=64" in (out / "resolved_config.yaml").read_text()
     # The 4000 demo prompts x 8 completions, shared by 2 processes of 32 completions per step: 500 steps per epoch

@@ -72,3 +72,51 @@ def test_accelerate_launch_without_multi_gpu_stops_in_one_line(tmp_path):
     assert len(errors) == 1, result.stderr[-2000:]
     assert "accelerate launch asked for 2 processes but started one" in errors.pop()
     assert not (tmp_path / "out" / "model.safetensors").exists()  # nothing trained, nothing saved
+
+
+ENGINE_DEFAULTS = dict(use_cpu=False, peft=False, use_vllm=False, ds3_gather_for_generation=True)
+
+
+@pytest.mark.parametrize(
+    "engine, settings, expected",
+    [
+        ({"deepspeed_stage": 3}, {}, []),
+        ({"deepspeed_stage": 2}, {"use_cpu": True}, ["use_cpu=True: accelerate turns DeepSpeed off"]),
+        (
+            {"deepspeed_stage": 3},
+            {"use_vllm": True, "ds3_gather_for_generation": False},
+            ["ds3_gather_for_generation"],
+        ),
+        ({"deepspeed_stage": 2}, {"use_vllm": True, "ds3_gather_for_generation": False}, []),  # only ZeRO-3 gathers
+        ({"fsdp_version": 1}, {"peft": True}, ["use_peft: FSDP1 flattens"]),
+        ({"fsdp_version": 1, "fsdp_use_orig_params": True}, {"peft": True}, []),
+        ({"fsdp_version": 2}, {"peft": True}, []),  # FSDP2 keeps every parameter whole-named: LoRA shards
+    ],
+)
+def test_engine_problems(engine, settings, expected):
+    from grpokit.launch import engine_problems
+
+    arguments = {"deepspeed_stage": None, "fsdp_version": None, "fsdp_use_orig_params": False}
+    lines = engine_problems(**{**arguments, **engine}, **{**ENGINE_DEFAULTS, **settings})
+    assert len(lines) == len(expected) and all(line.startswith(e) for line, e in zip(lines, expected, strict=True))
+
+
+def test_launched_engine_reads_the_launcher_environment():
+    from grpokit.launch import launched_engine
+
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "false"}
+    assert launched_engine(env) == {"deepspeed_stage": None, "fsdp_version": 2, "fsdp_use_orig_params": False}
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    assert launched_engine(env)["deepspeed_stage"] == 3
+    assert launched_engine({})["deepspeed_stage"] is None
+
+
+def test_default_ddp_backend_is_gloo_only_for_deepspeed_processes_without_an_accelerator():
+    import torch
+
+    from grpokit.launch import default_ddp_backend
+
+    launched = {"ACCELERATE_USE_DEEPSPEED": "true", "LOCAL_RANK": "0"}
+    assert default_ddp_backend(launched) == (None if torch.accelerator.is_available() else "gloo")
+    assert default_ddp_backend({"ACCELERATE_USE_DEEPSPEED": "true"}) is None  # not launched: one process
+    assert default_ddp_backend({"LOCAL_RANK": "0"}) is None  # DDP: accelerate chooses

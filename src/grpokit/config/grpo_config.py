@@ -484,6 +484,10 @@ class GRPOConfig(TrainingArguments):
             self.activation_checkpointing = self.gradient_checkpointing  # its new name; avoids the rename warning
         held_back = {"bf16": self.bf16, "bf16_full_eval": self.bf16_full_eval, "tf32": self.tf32}
         self.bf16, self.bf16_full_eval, self.tf32 = False, False, None
+        if self.ddp_backend is None:
+            from grpokit.launch import default_ddp_backend
+
+            self.ddp_backend = default_ddp_backend()
         try:
             super().__post_init__()
         finally:

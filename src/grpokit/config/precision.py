@@ -60,6 +60,13 @@ def hardware_notes(values) -> list[str]:
     return notes
 
 
+def launch_mixed_precision(args) -> str:
+    """The mixed precision the processes of a launch will train in, as `resolve_precision` will decide it on this
+    machine: "fp16", "bf16" or "no"."""
+    bf16 = args.bf16 if args.bf16 is not None else bool(not args.fp16 and bf16_supported())
+    return "fp16" if args.fp16 else "bf16" if bf16 else "no"
+
+
 def resolve_precision(args) -> None:
     """Fix the unset bf16 for this machine: bf16 where supported (and fp16 not set), else fp32."""
     if args.bf16 is None:
