@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vLLM on an NVIDIA GPU: colocate and server mode (NCCL weight transfer), a few GRPO steps each on a small model,
-# printing engine start, step and weight-push times. Meant for a lent GPU machine with no network beyond PyPI:
+# printing engine start, step and weight-push times; then the zero3 preset (gathered and hook-driven generation) and
+# the fsdp2 preset (when the machine has 2 GPUs: FSDP needs one process per GPU). Meant for a lent GPU machine with no network beyond PyPI:
 # it builds its own venv, a random-init Qwen2 model (0.1B-class) and a prompt file locally. About 5-8 minutes.
 #   bash benchmarks/gpu_check.sh            # from the repository root
 set -euo pipefail
@@ -11,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 python3 -m venv "$WORK/venv"
 . "$WORK/venv/bin/activate"
-pip install -q -e ".[vllm]"
+pip install -q -e ".[vllm]" "deepspeed>=0.19"
 python - <<'PY'
 import torch, vllm, transformers
 print(f"torch {torch.__version__} (cuda {torch.version.cuda}), vllm {vllm.__version__}, transformers {transformers.__version__}")
@@ -32,9 +33,10 @@ with open(f"{work}/prompts.jsonl", "w") as f:
 print("model:", sum(p.numel() for p in model.parameters()) / 1e6, "M parameters")
 PY
 
-COMMON=(--model_name_or_path "$WORK/model" --dataset_name "$WORK/prompts.jsonl" --reward_funcs grpokit.demo.copy_digit_reward
+BASE=(--model_name_or_path "$WORK/model" --dataset_name "$WORK/prompts.jsonl" --reward_funcs grpokit.demo.copy_digit_reward
   --num_generations 8 --per_device_train_batch_size 32 --max_completion_length 64 --max_steps 12 --logging_steps 1
-  --learning_rate 1e-5 --beta 0.0 --bf16 true --report_to none --save_strategy no --use_vllm true)
+  --learning_rate 1e-5 --bf16 true --report_to none --save_strategy no)
+COMMON=("${BASE[@]}" --beta 0.0 --use_vllm true)
 
 report() {  # the step times and weight-push times a run logged
   python - "$1" <<'PY'
@@ -43,8 +45,10 @@ rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 steps = [r["step_time"] for r in rows if "step_time" in r][2:]
 syncs = [r["timing/vllm_weight_sync"] for r in rows if "timing/vllm_weight_sync" in r][1:]
 gap = [r["sampling/sampling_logp_difference/mean"] for r in rows if "sampling/sampling_logp_difference/mean" in r]
-print(f"  median step {statistics.median(steps):.3f} s, median weight push {statistics.median(syncs):.3f} s, "
-      f"logp gap mean {statistics.mean(gap):.2e}")
+line = f"  median step {statistics.median(steps):.3f} s"
+if syncs:
+    line += f", median weight push {statistics.median(syncs):.3f} s, logp gap mean {statistics.mean(gap):.2e}"
+print(line + f", reward {rows[-1].get('reward', float('nan')):.3f} at step {rows[-1].get('step')}")
 PY
 }
 
@@ -68,4 +72,27 @@ echo "  server healthy after $(( $(date +%s) - start )) s"
 grpokit train "${COMMON[@]}" --vllm_mode server --vllm_server_port 8011 --output_dir "$WORK/server" \
   > "$WORK/server-train.log" 2>&1 || { tail -30 "$WORK/server-train.log"; exit 1; }
 report "$WORK/server"
+kill $SERVER 2>/dev/null || true
+
+# Sharded engines, beta > 0 (a reference model sharded like the policy).
+for gather in true false; do
+  echo "== zero3, 1 process, ds3_gather_for_generation=$gather"
+  start=$(date +%s)
+  grpokit train "${BASE[@]}" --beta 0.04 --accelerate_config zero3 --num_processes 1 \
+    --ds3_gather_for_generation $gather --output_dir "$WORK/zero3-$gather" > "$WORK/zero3-$gather.log" 2>&1 \
+    || { tail -30 "$WORK/zero3-$gather.log"; exit 1; }
+  echo "  wall $(( $(date +%s) - start )) s"
+  report "$WORK/zero3-$gather"
+done
+GPUS=$(nvidia-smi --list-gpus | wc -l)
+if [ "$GPUS" -ge 2 ]; then
+  for preset in zero3 fsdp2; do
+    echo "== $preset, 2 processes"
+    grpokit train "${BASE[@]}" --beta 0.04 --accelerate_config $preset --num_processes 2 \
+      --output_dir "$WORK/$preset-2" > "$WORK/$preset-2.log" 2>&1 || { tail -30 "$WORK/$preset-2.log"; exit 1; }
+    report "$WORK/$preset-2"
+  done
+else
+  echo "== fsdp2: not run ($GPUS GPU; accelerate uses FSDP only with several GPU processes)"
+fi
 echo "logs and runs in $WORK"
