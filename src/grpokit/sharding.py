@@ -36,22 +36,32 @@ def is_sharded(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def full_parameters(model: nn.Module, *, modifier_rank: int | None = None) -> Iterator[list[torch.Tensor]]:
-    """The parameters of `model` as whole tensors, in `model.parameters()` order.
+    """The parameters of `model` as whole tensors, in `model.parameters()` order, for the duration.
 
-    ZeRO-3: gathered on every rank for the duration (with `modifier_rank`, what that rank writes into them is
-    partitioned back on exit); FSDP2: full copies (`full_tensor()`, read-only); otherwise the parameters themselves.
-    Every rank must enter this together.
+    ZeRO-3: gathered on every rank (with `modifier_rank`, what that rank writes into them is partitioned back on
+    exit); FSDP2: every sharded module unsharded (the module then holds plain whole tensors, so code that reads the
+    model, such as a weight push from rank 0 alone, sees them) and resharded on exit; otherwise the parameters as
+    they are. Every rank must enter this together.
     """
-    params = list(model.parameters())
     if zero3_partitioned(model):
         import deepspeed
 
+        params = list(model.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
             yield params
     elif fsdp2_sharded(model):
-        yield [p.full_tensor() if type(p).__name__ == "DTensor" else p for p in params]
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for module in sharded:
+            module.unshard()
+        try:
+            yield list(model.parameters())
+        finally:
+            for module in sharded:
+                module.reshard()
     else:
-        yield params
+        yield list(model.parameters())
 
 
 @contextlib.contextmanager

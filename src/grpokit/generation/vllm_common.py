@@ -100,8 +100,6 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         seen.add(target)
         tensor = tensor.detach()
-        if type(tensor).__name__ == "DTensor":  # FSDP2: the whole tensor (every rank takes part)
-            tensor = tensor.full_tensor()
         module_name = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
         if module_name in deltas and name.endswith(".weight"):
             tensor = tensor + deltas[module_name].to(tensor.dtype)
