@@ -210,39 +210,32 @@ def _diff(args) -> int:
 
 def _recipes(args) -> int:
     from grpokit.config.recipes import recipe_names, recipe_summary, recipe_text
-    from grpokit.config.rules import ConfigError
 
-    if not args:
-        for name in recipe_names():
-            print(f"{name:<12} {recipe_summary(name)}")
-        return 0
-    if args[0] == "show" and len(args) == 2:
-        try:
-            print(recipe_text(args[1]), end="")
-        except ConfigError as exc:
-            _error(exc.problems[0].line())
-            return 2
-        return 0
-    _error("usage: grpokit recipes [show NAME]")
-    return 2
+    return _list_or_show(args, recipe_names(), recipe_summary, recipe_text, "grpokit recipes [show NAME]")
 
 
 def _accelerate_configs(args) -> int:
     from grpokit.accelerate_presets import preset_names, preset_summary, preset_text
+
+    return _list_or_show(args, preset_names(), preset_summary, preset_text, "grpokit accelerate-configs [show NAME]")
+
+
+def _list_or_show(args, names, summary, text, usage: str) -> int:
+    """No arguments: each name with its one-line summary; `show NAME`: the file."""
     from grpokit.config.rules import ConfigError
 
     if not args:
-        for name in preset_names():
-            print(f"{name:<12} {preset_summary(name)}")
+        for name in names:
+            print(f"{name:<12} {summary(name)}")
         return 0
     if args[0] == "show" and len(args) == 2:
         try:
-            print(preset_text(args[1]), end="")
+            print(text(args[1]), end="")
         except ConfigError as exc:
             _error(exc.problems[0].line())
             return 2
         return 0
-    _error("usage: grpokit accelerate-configs [show NAME]")
+    _error(f"usage: {usage}")
     return 2
 
 

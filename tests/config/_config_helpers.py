@@ -1,6 +1,7 @@
 """Plain helpers of the configuration tests (fixtures live in conftest.py)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -26,3 +27,16 @@ def line_of(path, key: str) -> int:
             if line.startswith(f"{key}:"):
                 return number
     raise AssertionError(f"{key} not found in {path}")
+
+
+def plan_rows(out: str, section: str) -> dict[str, tuple[str, str]]:
+    """The rows of one section of `grpokit config plan`'s output: name -> (value, how)."""
+    lines = out.split(section + "\n", 1)[1].splitlines()
+    rows = {}
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        match = re.match(r"^  (\S.*?)\s{2,}(\S+(?: \S+)?)\s{2,}(.*)$", line)
+        assert match, line
+        rows[match.group(1)] = (match.group(2), match.group(3))
+    return rows

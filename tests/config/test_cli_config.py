@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import torch
 import yaml
-from _config_helpers import console_script
+from _config_helpers import console_script, plan_rows
 
 from grpokit.cli import main
 from grpokit.config.migrations import DEPRECATED_FIELDS, RENAMED_KEYS
@@ -143,18 +143,6 @@ def test_show_yaml_names_its_sources(cli, write):
 
 
 # ---- plan
-
-
-def plan_rows(out: str, section: str) -> dict[str, tuple[str, str]]:
-    lines = out.split(section + "\n", 1)[1].splitlines()
-    rows = {}
-    for line in lines:
-        if not line.startswith("  "):
-            break
-        match = re.match(r"^  (\S.*?)\s{2,}(\S+(?: \S+)?)\s{2,}(.*)$", line)
-        assert match, line
-        rows[match.group(1)] = (match.group(2), match.group(3))
-    return rows
 
 
 @pytest.mark.parametrize(

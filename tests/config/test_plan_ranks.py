@@ -2,9 +2,9 @@
 memory per process, divided as the engine shards it. Every expected number is worked out by hand below."""
 
 import json
-import re
 
 import pytest
+from _config_helpers import plan_rows
 
 GIB = 1024**3
 
@@ -36,17 +36,6 @@ def qwen2_7b(tmp_path):
     return str(path)
 
 
-def rows_of(out: str, section: str) -> dict[str, tuple[str, str]]:
-    rows = {}
-    for line in out.split(section + "\n", 1)[1].splitlines():
-        if not line.startswith("  "):
-            break
-        match = re.match(r"^  (\S.*?)\s{2,}(\S+(?: \S+)?)\s{2,}(.*)$", line)
-        assert match, line
-        rows[match.group(1)] = (match.group(2), match.group(3))
-    return rows
-
-
 def gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.2f} GiB"
 
@@ -55,7 +44,9 @@ def plan(cli, *args):
     result = cli("config", "plan", *args)
     assert result.code == 0, result.err
     known = "unknown: model_name_or_path" not in result.out  # no model directory: no memory rows
-    return rows_of(result.out, "batch geometry"), rows_of(result.out, "memory per process (estimate)") if known else {}
+    return plan_rows(result.out, "batch geometry"), plan_rows(
+        result.out, "memory per process (estimate)"
+    ) if known else {}
 
 
 def test_zero3_on_8_processes_for_a_7b_model(cli, qwen2_7b):
