@@ -46,7 +46,7 @@ def _preset_dir():
 
 
 def preset_names() -> list[str]:
-    order = ("single_gpu", "multi_gpu", "multi_cpu", "zero1", "zero2", "zero3", "fsdp1", "fsdp2")
+    order = ("single_gpu", "multi_gpu", "multi_cpu", "zero1", "zero2", "zero3", "fsdp2")
     names = [p.name[: -len(".yaml")] for p in _preset_dir().iterdir() if p.name.endswith(".yaml")]
     return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
 
@@ -332,13 +332,10 @@ def machine_problems(request: LaunchRequest | None) -> list[str]:
 def engine_settings(config: AccelerateConfig) -> dict:
     """The sharding engine an accelerate config asks for (`grpokit.launch.engine_problems` keywords)."""
     kind = config.distributed_type
-    fsdp = config.data.get("fsdp_config") or {}
+    stage = config.zero_stage if config.zero_stage is not None else 2  # DeepSpeed's default stage
     return {
-        "deepspeed_stage": (config.zero_stage if config.zero_stage is not None else 2)
-        if kind == "DEEPSPEED"
-        else None,
+        "deepspeed_stage": stage if kind == "DEEPSPEED" else None,
         "fsdp_version": config.fsdp_version if kind == "FSDP" else None,
-        "fsdp_use_orig_params": _true(fsdp.get("fsdp_use_orig_params")),
     }
 
 

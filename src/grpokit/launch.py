@@ -73,9 +73,7 @@ def engine_problems(
     *,
     deepspeed_stage: int | None,
     fsdp_version: int | None,
-    fsdp_use_orig_params: bool,
     use_cpu: bool,
-    peft: bool,
     use_vllm: bool,
     ds3_gather_for_generation: bool,
 ) -> list[str]:
@@ -84,8 +82,7 @@ def engine_problems(
     Args:
         deepspeed_stage: the ZeRO stage when DeepSpeed runs (None otherwise).
         fsdp_version: 1 or 2 when FSDP runs (None otherwise).
-        fsdp_use_orig_params: FSDP1's `use_orig_params`.
-        use_cpu, peft, use_vllm, ds3_gather_for_generation: the training configuration's.
+        use_cpu, use_vllm, ds3_gather_for_generation: the training configuration's.
     """
     problems = []
     if deepspeed_stage is not None and use_cpu:
@@ -98,10 +95,10 @@ def engine_problems(
             "ds3_gather_for_generation=False: with use_vllm the ZeRO-3 weights are gathered anyway, to be pushed to "
             "vLLM, which generates; drop it (or set it true)"
         )
-    if fsdp_version == 1 and peft and not fsdp_use_orig_params:
+    if fsdp_version == 1:
         problems.append(
-            "use_peft: FSDP1 flattens each wrapped layer's frozen base weights and trainable adapter weights into one "
-            "tensor, which must be all trainable or all frozen; set fsdp_use_orig_params: true or use fsdp_version: 2"
+            "fsdp_version=1: FSDP1 is not supported (generating with its flattened parameters is not implemented); "
+            "use fsdp_version: 2 (the fsdp2 preset)"
         )
     return problems
 
@@ -115,11 +112,7 @@ def launched_engine(env: Mapping[str, str] | None = None, deepspeed_plugin=None)
         stage = stage if stage is not None else _int(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"))
         stage = stage if stage is not None else 2  # accelerate's default
     version = (_int(env.get("FSDP_VERSION")) or 1) if _true(env.get("ACCELERATE_USE_FSDP")) else None
-    return {
-        "deepspeed_stage": stage,
-        "fsdp_version": version,
-        "fsdp_use_orig_params": _true(env.get("FSDP_USE_ORIG_PARAMS")),
-    }
+    return {"deepspeed_stage": stage, "fsdp_version": version}
 
 
 def default_ddp_backend(env: Mapping[str, str] | None = None) -> str | None:

@@ -68,10 +68,9 @@ def run_demo(extra_args) -> int:
     return _train(args, demo=True, relaunch_argv=["--demo", *extra_args])
 
 
-def _engine_inputs(training_args, model_args) -> dict:
+def _engine_inputs(training_args) -> dict:
     return {
         "use_cpu": bool(training_args.use_cpu),
-        "peft": bool(getattr(model_args, "use_peft", False)),
         "use_vllm": bool(training_args.use_vllm),
         "ds3_gather_for_generation": bool(training_args.ds3_gather_for_generation),
     }
@@ -94,8 +93,8 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
             from grpokit.accelerate_presets import engine_settings
             from grpokit.launch import engine_problems
 
-            _, training_args, model_args, _ = resolution.instances
-            problems += engine_problems(**engine_settings(launch.config), **_engine_inputs(training_args, model_args))
+            training_args = resolution.instances[1]
+            problems += engine_problems(**engine_settings(launch.config), **_engine_inputs(training_args))
         if launch.config is None:
             given = " and ".join(f"{k} ({s})" for k, s in launch.sources.items())
             problems.append(

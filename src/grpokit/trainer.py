@@ -95,7 +95,7 @@ class GRPOTrainer(Trainer):
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
-        _check_before_loading(args, reward_funcs, train_dataset, trl_only, peft_config)
+        _check_before_loading(args, reward_funcs, train_dataset, trl_only)
         resolve_precision(args)
 
         model, tokenizer = self._build_models(model, processing_class, peft_config, args)
@@ -651,7 +651,7 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _check_before_loading(args, reward_funcs, train_dataset, trl_only, peft_config=None) -> None:
+def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
     for name, value in trl_only.items():
@@ -668,7 +668,6 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only, peft_conf
     problems += engine_problems(
         **engine,
         use_cpu=False,  # what use_cpu does to DeepSpeed is visible in the state (launch_problems)
-        peft=peft_config is not None,
         use_vllm=args.use_vllm,
         ds3_gather_for_generation=args.ds3_gather_for_generation,
     )

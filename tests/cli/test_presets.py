@@ -13,7 +13,7 @@ import yaml
 from grpokit.accelerate_presets import LAUNCHED_ENV, preset_path
 from grpokit.cli import main
 
-PRESETS = ["single_gpu", "multi_gpu", "multi_cpu", "zero1", "zero2", "zero3", "fsdp1", "fsdp2"]
+PRESETS = ["single_gpu", "multi_gpu", "multi_cpu", "zero1", "zero2", "zero3", "fsdp2"]
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", LAUNCHED_ENV)
 
 
@@ -90,14 +90,6 @@ def test_list_names_every_preset_with_its_description(run):
                 "deepspeed_config.zero_stage": 3,
                 "deepspeed_config.zero3_init_flag": True,
                 "deepspeed_config.zero3_save_16bit_model": True,
-            },
-        ),
-        (
-            "fsdp1",
-            {
-                "distributed_type": "FSDP",
-                "fsdp_config.fsdp_version": 1,
-                "fsdp_config.fsdp_reshard_after_forward": "FULL_SHARD",
             },
         ),
         (

@@ -87,7 +87,6 @@ FSDP_BF16 = (4, 4, 8, 4)  # accelerate keeps FSDP's sharded weights in fp32; the
         ("zero1", DEEPSPEED_BF16, ("optimizer state",)),
         ("zero2", DEEPSPEED_BF16, ("gradients", "optimizer state")),
         ("zero3", DEEPSPEED_BF16, ("weights", "gradients", "optimizer state", "reference model")),
-        ("fsdp1", FSDP_BF16, ("weights", "gradients", "optimizer state", "reference model")),
         ("fsdp2", FSDP_BF16, ("weights", "gradients", "optimizer state", "reference model")),
     ],
 )

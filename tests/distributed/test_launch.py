@@ -74,7 +74,7 @@ def test_accelerate_launch_without_multi_gpu_stops_in_one_line(tmp_path):
     assert not (tmp_path / "out" / "model.safetensors").exists()  # nothing trained, nothing saved
 
 
-ENGINE_DEFAULTS = dict(use_cpu=False, peft=False, use_vllm=False, ds3_gather_for_generation=True)
+ENGINE_DEFAULTS = dict(use_cpu=False, use_vllm=False, ds3_gather_for_generation=True)
 
 
 @pytest.mark.parametrize(
@@ -88,15 +88,14 @@ ENGINE_DEFAULTS = dict(use_cpu=False, peft=False, use_vllm=False, ds3_gather_for
             ["ds3_gather_for_generation"],
         ),
         ({"deepspeed_stage": 2}, {"use_vllm": True, "ds3_gather_for_generation": False}, []),  # only ZeRO-3 gathers
-        ({"fsdp_version": 1}, {"peft": True}, ["use_peft: FSDP1 flattens"]),
-        ({"fsdp_version": 1, "fsdp_use_orig_params": True}, {"peft": True}, []),
-        ({"fsdp_version": 2}, {"peft": True}, []),  # FSDP2 keeps every parameter whole-named: LoRA shards
+        ({"fsdp_version": 1}, {}, ["fsdp_version=1: FSDP1 is not supported"]),
+        ({"fsdp_version": 2}, {}, []),
     ],
 )
 def test_engine_problems(engine, settings, expected):
     from grpokit.launch import engine_problems
 
-    arguments = {"deepspeed_stage": None, "fsdp_version": None, "fsdp_use_orig_params": False}
+    arguments = {"deepspeed_stage": None, "fsdp_version": None}
     lines = engine_problems(**{**arguments, **engine}, **{**ENGINE_DEFAULTS, **settings})
     assert len(lines) == len(expected) and all(line.startswith(e) for line, e in zip(lines, expected, strict=True))
 
@@ -104,8 +103,8 @@ def test_engine_problems(engine, settings, expected):
 def test_launched_engine_reads_the_launcher_environment():
     from grpokit.launch import launched_engine
 
-    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_USE_ORIG_PARAMS": "false"}
-    assert launched_engine(env) == {"deepspeed_stage": None, "fsdp_version": 2, "fsdp_use_orig_params": False}
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    assert launched_engine(env) == {"deepspeed_stage": None, "fsdp_version": 2}
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     assert launched_engine(env)["deepspeed_stage"] == 3
     assert launched_engine({})["deepspeed_stage"] is None
