@@ -1,11 +1,19 @@
 """Safe, strict YAML reading: duplicate keys, Python-object tags, non-mapping tops and syntax errors are errors
-that name the file and line. Returns the data and the line of each top-level key (for provenance)."""
+that name the file and line. Returns the data and the line of each top-level key (for provenance).
+
+Bounded, so that a hostile file cannot stall a check: the text may hold at most `MAX_BYTES`, and the document, with
+every alias (`*name`) expanded, at most `MAX_EXPANDED_NODES` values (a "billion laughs" file of a few hundred bytes
+would expand to billions); both are measured before any value is built.
+"""
 
 from __future__ import annotations
 
 import yaml
 
 from .rules import ConfigError, Problem
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_EXPANDED_NODES = 200_000
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -56,10 +64,43 @@ def load_yaml_file(path: str) -> tuple[dict, dict[str, int]]:
     return load_yaml_text(text, path)
 
 
+def _expanded_size(node, memo: dict, limit: int) -> int:
+    """How many values `node` stands for with every alias expanded (an alias counts its anchor's whole subtree again);
+    raises ValueError above `limit` or for an alias inside its own anchor. Each distinct node is measured once."""
+    key = id(node)
+    if key in memo:
+        if memo[key] is None:
+            raise ValueError("an alias refers to the value that contains it (a recursive structure)")
+        return memo[key]
+    memo[key] = None  # being measured
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        size += _expanded_size(child, memo, limit)
+        if size > limit:
+            raise ValueError(f"with its aliases expanded the document holds more than {limit:,} values")
+    memo[key] = size
+    return size
+
+
 def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
+    if len(text) > MAX_BYTES:
+        raise ConfigError(
+            [Problem("config", f"{name}: {len(text):,} characters, more than a config file may hold ({MAX_BYTES:,})")]
+        )
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            try:
+                _expanded_size(node, {}, MAX_EXPANDED_NODES)
+            except ValueError as exc:
+                raise ConfigError([Problem("config", f"{name}: {exc}; write the values out instead")]) from None
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
