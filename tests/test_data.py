@@ -108,3 +108,30 @@ def test_mixture_test_split(tmp_path):
     a = _jsonl(tmp_path / "a.jsonl", [{"prompt": f"a{i}"} for i in range(10)])
     splits = load_mixture(DatasetMixtureConfig(datasets=[DatasetConfig(path=a)], test_split_size=0.2))
     assert len(splits["train"]) == 8 and len(splits["test"]) == 2
+
+
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("empty.jsonl", b"", "the file is empty"),
+        ("blank.jsonl", b"\n\n", "the file holds only whitespace"),
+        # a row cut short: the line and what the JSON parser expected there
+        (
+            "cut.jsonl",
+            b'{"prompt": "a"}\n{"prompt": "b"\n',
+            "line 2: not valid JSON (Expecting ',' delimiter at column 15)",
+        ),
+        ("list.jsonl", b'{"prompt": "a"}\n[1, 2]\n', "line 2: a JSON list, where each line must be an object"),
+        ("latin1.csv", b"prompt\ncaf\xe9\n", "line 2: not UTF-8 text (byte 0xe9); save the file as UTF-8"),
+        ("latin1.jsonl", b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8 text (byte 0xe9)"),
+        ("bad.json", b'[{"prompt": "a"}, {"prompt": }]', "line 1: not valid JSON (Expecting value at column 30)"),
+    ],
+)
+def test_unreadable_local_files_say_why(tmp_path, name, content, reason):
+    path = tmp_path / name
+    path.write_bytes(content)
+    script = GRPOScriptArguments(dataset_name=str(path))
+    with pytest.raises(DataError) as info:
+        load_train_eval(script, None, want_eval=False)
+    assert str(info.value).startswith(f"dataset {str(path)!r} could not be loaded: {reason}")
+    assert "\n" not in str(info.value)

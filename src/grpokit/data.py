@@ -24,6 +24,10 @@ def _load(path, *, name=None, data_dir=None, data_files=None, split=None, stream
         if not os.path.isfile(path):
             raise DataError(f"dataset file {path} does not exist")
         builder, kwargs = _LOCAL_FORMATS[ext], {"data_files": {"train": str(path)}, "streaming": streaming}
+        if ext != ".parquet":  # datasets' JSON reader takes bytes that are not UTF-8 and fails only when rows are read
+            problem = _utf8_problem(str(path))
+            if problem:
+                raise DataError(f"dataset {path!r} could not be loaded: {problem}")
     else:
         builder = str(path)
         if data_files is not None:
@@ -38,9 +42,76 @@ def _load(path, *, name=None, data_dir=None, data_files=None, split=None, stream
                 if offline
                 else ("it is not a local path and could not be fetched from the hub")
             )
+        elif ext in _LOCAL_FORMATS:
+            why = _local_file_problem(str(path), ext) or _root_cause(exc)
         else:
-            why = " ".join(str(exc).split())[:300]
+            why = _root_cause(exc)
         raise DataError(f"dataset {path!r} could not be loaded: {why}") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost non-empty message of an exception chain (datasets wraps the parser's own error, which names the
+    row or byte, in a generic "An error occurred while generating the dataset")."""
+    messages = []
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = " ".join(str(exc).split())
+        if text:
+            messages.append(f"{type(exc).__name__}: {text}" if not messages else text)
+        exc = exc.__cause__ or exc.__context__
+    return (messages[-1] if messages else "unknown error")[:300]
+
+
+def _utf8_problem(path: str, chunk: int = 1 << 24) -> str | None:
+    """Where a text file stops being UTF-8 (line and byte), read in chunks; None when it is UTF-8 throughout."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = 0
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(chunk)
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as err:
+                bad = block[err.start] if err.start < len(block) else block[-1]
+                line = lines + block[: err.start].count(b"\n") + 1
+                return f"line {line}: not UTF-8 text (byte 0x{bad:02x}); save the file as UTF-8"
+            if not block:
+                return None
+            lines += block.count(b"\n")
+
+
+def _local_file_problem(path: str, ext: str) -> str | None:
+    """What is wrong with a local JSON / JSONL / CSV file, found by reading it (only after datasets failed): empty,
+    or a JSON line that does not parse or is not an object (its line)."""
+    import json
+
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if not raw.strip():
+        return "the file is empty" if not raw else "the file holds only whitespace"
+    if ext not in (".json", ".jsonl"):
+        return None
+    text = raw.decode("utf-8")  # checked before loading
+    if ext == ".json":  # one JSON document, or JSON Lines (datasets reads both)
+        try:
+            json.loads(text)
+            return None
+        except json.JSONDecodeError as err:
+            if not text.lstrip().startswith("{"):
+                return f"line {err.lineno}: not valid JSON ({err.msg} at column {err.colno})"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return f"line {number}: not valid JSON ({err.msg} at column {err.colno})"
+        if not isinstance(row, dict):
+            return f"line {number}: a JSON {type(row).__name__}, where each line must be an object"
+    return None
 
 
 def _split(dataset_dict, split, what):
