@@ -187,3 +187,12 @@ def test_launch_keys_in_yaml_are_not_unknown(cli, write):
     assert typo.errors == [
         f"error: accelerate_confg (yaml:{typo_path}:1): unknown key; did you mean 'accelerate_config'?"
     ]
+
+
+def test_bf16_with_float32_weights_says_how_to_load_them_in_16_bit(cli, qwen2_7b):
+    _, memory = plan(cli, "--model_name_or_path", qwen2_7b, "--bf16", "true")
+    size, how = memory["weights"]
+    assert size == gib(PARAMS * 4) and how.startswith("float32 (bf16 casts only the compute; dtype: bfloat16 would")
+    _, memory = plan(cli, "--model_name_or_path", qwen2_7b, "--bf16", "true", "--dtype", "bfloat16")
+    size, how = memory["weights"]
+    assert size == gib(PARAMS * 2) and how == "bfloat16"

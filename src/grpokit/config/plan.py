@@ -229,6 +229,8 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
         optim_how = "AdamW: 2 fp32 moments per trainable weight"
     elif mixed != "no":
         optim_how += f" (the weights are the master copy: {mixed} mixed precision only casts the compute)"
+        if dtype == "float32":
+            held_how += f" ({mixed} casts only the compute; dtype: bfloat16 would load the weights in 16-bit)"
 
     def per_process(item, n_bytes, how):
         if item in plan.divided:
