@@ -68,13 +68,16 @@ def main(argv=None) -> int:
 
 
 def _error(line: str) -> None:
-    print(f"error: {line}", file=sys.stderr)
+    from grpokit.config.redaction import redact
+
+    print(f"error: {redact(line)}", file=sys.stderr)
 
 
 def _resolve(args):
     """Resolve the default dataclasses (and the launch options) from `args`; (resolution, None) or (None, exit code)
     after printing."""
     from grpokit.config.parser import TrlParser
+    from grpokit.config.redaction import redact
     from grpokit.config.rules import ConfigError
 
     try:
@@ -84,7 +87,7 @@ def _resolve(args):
             _error(problem.line())
         return None, 2
     for warning in resolution.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {redact(warning)}", file=sys.stderr)
     return resolution, None
 
 
@@ -200,10 +203,12 @@ def _diff(args) -> int:
     changed = [k for k in a.values if a.values[k] != b.values.get(k)]
     if not changed:
         print("no differences")
+    from grpokit.config.redaction import shown_value
+
     for k in changed:
         print(
-            f"{k}: {json.dumps(a.values[k], default=str)} ({a.sources[k]}) -> "
-            f"{json.dumps(b.values[k], default=str)} ({b.sources[k]})"
+            f"{k}: {json.dumps(shown_value(k, a.values[k]), default=str)} ({a.sources[k]}) -> "
+            f"{json.dumps(shown_value(k, b.values[k]), default=str)} ({b.sources[k]})"
         )
     return 0
 

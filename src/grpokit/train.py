@@ -16,9 +16,13 @@ import time
 
 from transformers import TrainerCallback
 
+from grpokit.config.redaction import redact_deep
+
 
 def _error(line: str) -> None:
-    print(f"error: {line}", file=sys.stderr)
+    from grpokit.config.redaction import redact
+
+    print(f"error: {redact(line)}", file=sys.stderr)
 
 
 def run_train(argv) -> int:
@@ -134,10 +138,15 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     if training_args.process_index == 0:
         _write_resolved_config(resolution, training_args.output_dir)
 
+    from grpokit.checkpoints import checkpoint_step
     from grpokit.generation import GenerationError
     from grpokit.trainer import GRPOTrainer
 
-    recorder = RunRecorder(training_args.output_dir, fresh=training_args.process_index == 0)
+    recorder = RunRecorder(
+        training_args.output_dir,
+        fresh=training_args.process_index == 0,
+        keep_until=checkpoint_step(training_args.resume_from_checkpoint),
+    )
     try:
         trainer = GRPOTrainer(
             model=model_args.model_name_or_path,
@@ -152,6 +161,10 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
         _error(" ".join(str(exc).split())[:500])
         return 2
     recorder.trainer = trainer
+    from grpokit.checkpoints import processes_source
+
+    # Where each setting a checkpoint records came from (grpokit_run.json, checked when a run resumes).
+    trainer.config_sources = {**resolution.sources, "num_processes": processes_source(resolution)}
     if script_args.ignore_bias_buffers:  # before training: DDP wraps the model when training starts
         from grpokit.models import ignore_boolean_buffers
 
@@ -161,18 +174,38 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
+    from grpokit.nan_guard import NonFiniteTrainingError, NonFiniteWeightsError
     from grpokit.rollout.rewards import RewardError
 
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    except (RewardError, GenerationError, KeyboardInterrupt) as exc:
-        # Nothing trained so far is lost: the weights are saved beside the run before stopping.
+    except (RewardError, GenerationError, NonFiniteTrainingError, KeyboardInterrupt) as exc:
+        # Nothing trained so far is lost: the weights are saved beside the run before stopping (never non-finite
+        # ones: save_model refuses those; after NonFiniteTrainingError they are the last finite ones).
         saved = os.path.join(training_args.output_dir, f"interrupted-step-{trainer.state.global_step}")
-        trainer.save_model(saved)
         reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else " ".join(str(exc).split())
-        _error(f"{reason} (weights at step {trainer.state.global_step} saved to {saved})")
+        try:
+            trainer.save_model(saved)
+        except NonFiniteWeightsError as refusal:
+            _error(f"{reason} ({refusal})")
+            return 1
+        if isinstance(exc, RewardError):
+            # Every process raises a reward failure together (see produce_rollout); none may exit, and so have the
+            # launcher stop the others, before process 0 has written the weights.
+            trainer.accelerator.wait_for_everyone()
+        if isinstance(exc, NonFiniteTrainingError):
+            _error(f"{exc.summary}; the last finite weights ({exc.weights}) are saved to {saved}")
+        else:
+            _error(f"{reason} (weights at step {trainer.state.global_step} saved to {saved})")
         return 1
-    trainer.save_model(training_args.output_dir)
+    except NonFiniteWeightsError as exc:  # a checkpoint refused
+        _error(str(exc))
+        return 1
+    try:
+        trainer.save_model(training_args.output_dir)
+    except NonFiniteWeightsError as exc:
+        _error(str(exc))
+        return 1
     if trainer.is_world_process_zero():
         from grpokit.plot import plot_run
 
@@ -191,8 +224,10 @@ def check_train_args(argv):
     """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
     the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
     for the processes they ask for."""
+    from grpokit.checkpoints import check_resume
     from grpokit.config.parser import TrlParser
     from grpokit.config.precision import hardware_problems
+    from grpokit.config.redaction import redact
     from grpokit.config.rules import ConfigError
     from grpokit.config.support import unsupported_settings
 
@@ -203,7 +238,7 @@ def check_train_args(argv):
             _error(problem.line())
         return None, []
     for warning in resolution.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {redact(warning)}", file=sys.stderr)
     script_args, training_args, model_args, mixture = resolution.instances
     problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
     if not model_args.model_name_or_path:
@@ -212,6 +247,9 @@ def check_train_args(argv):
         problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
     if not script_args.dataset_name and not mixture.datasets:
         problems.append("no training data: set dataset_name or a `datasets:` mixture")
+    # resume_from_checkpoint: true/last -> the latest complete checkpoint; a missing one, or settings changed since
+    # the checkpoint (batch geometry, processes, num_generations, loss_type, beta, model), refused here.
+    problems += check_resume(resolution)
     return resolution, problems
 
 
@@ -299,18 +337,27 @@ def _demo_verdict(output_dir) -> None:
     print(f"demo: mean reward {first:.3f} at the first logged step, {last:.3f} over the last tenth of logged steps")
 
 
+def _number(value, spec: str) -> str:
+    """A logged value for the progress line: formatted when a number ('nan' for NaN), '-' when missing."""
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
 class RunRecorder(TrainerCallback):
     """Appends each training log to metrics.jsonl (TRL's metric names plus `step`), logged completions to
     completions.jsonl, and prints one progress line per log: step, reward, loss, ETA."""
 
-    def __init__(self, output_dir: str, *, fresh: bool = True, show_progress: bool = True):
+    def __init__(self, output_dir: str, *, fresh: bool = True, show_progress: bool = True, keep_until=None):
+        """`fresh`: start the files afresh; with `keep_until` (the step of the checkpoint a run resumes from), keep
+        their rows up to that step and drop the later ones, which the resumed run logs again."""
         self.output_dir = output_dir
         self.show_progress = show_progress
         self.trainer = None
         self._start = None
         for name in ("metrics.jsonl", "completions.jsonl") if fresh else ():
             path = os.path.join(output_dir, name)
-            if os.path.exists(path):
+            if os.path.exists(path) and keep_until is not None:
+                _keep_rows_until(path, keep_until)
+            elif os.path.exists(path):
                 os.remove(path)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -325,17 +372,17 @@ class RunRecorder(TrainerCallback):
             return
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         with open(os.path.join(self.output_dir, "metrics.jsonl"), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(json.dumps(redact_deep(row)) + "\n")  # metric names are the user's (reward names): redacted
         if args.log_completions:  # completions.jsonl only when asked for, as the field says
             self._write_completions(state.global_step)
         if self.show_progress and "reward" in logs:
             elapsed = time.time() - (self._start or time.time())
             total = state.max_steps or 0
             eta = elapsed / max(state.global_step, 1) * max(total - state.global_step, 0)
-            loss = f" | loss {logs['loss']:+.4f}" if "loss" in logs else ""
+            loss = f" | loss {_number(logs['loss'], '+.4f')}" if "loss" in logs else ""
+            reward = f"{_number(logs['reward'], '.3f')} ± {_number(logs.get('reward_std', 0), '.3f')}"
             print(
-                f"step {state.global_step:>5}/{total} | reward {logs['reward']:.3f} ± {logs.get('reward_std', 0):.3f}"
-                f"{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s",
+                f"step {state.global_step:>5}/{total} | reward {reward}{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s",
                 flush=True,
             )
 
@@ -345,5 +392,21 @@ class RunRecorder(TrainerCallback):
             return
         with open(os.path.join(self.output_dir, "completions.jsonl"), "a", encoding="utf-8") as fh:
             for sample in samples:
-                fh.write(json.dumps({"step": step, **sample}, default=str) + "\n")
+                row = json.loads(json.dumps({"step": step, **sample}, default=str))  # plain values, then redacted
+                fh.write(json.dumps(redact_deep(row)) + "\n")
         samples.clear()
+
+
+def _keep_rows_until(path: str, step: int) -> None:
+    """Rewrite a JSON-lines file of the run without its rows logged after `step` (or that cannot be read)."""
+    kept = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(kept)

@@ -28,19 +28,22 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_datasets_available
 
-from . import models, sharding
+from . import checkpoints, models, sharding
 from .algorithms import off_policy_mask, policy_loss
 from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
 from .config.grpo_config import GRPOConfig
 from .config.precision import hardware_problems, resolve_precision
+from .config.redaction import hidden_secrets
 from .config.rules import vllm_mode_warnings
 from .config.support import unsupported_settings
 from .generation import TransformersGenerator
 from .launch import engine_problems, launch_problems, launched_engine
+from .nan_guard import NaNGuard, NonFiniteWeightsError, nonfinite_tensors
 from .rollout.dist import AcceleratorCollective
 from .rollout.report import CompletionLog
-from .rollout.rewards import build_reward_functions
+from .rollout.rewards import RewardError, build_reward_functions
+from .rollout.rewards import _sample as describe_sample
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
@@ -50,6 +53,7 @@ logger = logging.getLogger(__name__)
 # Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
 _TRL_ONLY_ARGUMENTS = ("quantization_config", "tools", "rollout_func", "environment_factory")
 _ENTROPY_STATE_FILE = "entropy_ctrl_state.json"
+_ROUND_STATE_FILE = "grpokit_round_rank{rank}.pt"  # one per process: its generation round at the checkpoint
 
 
 def identity(rows):
@@ -106,6 +110,7 @@ class GRPOTrainer(Trainer):
             trust_remote_code=args.trust_remote_code,
             max_completion_length=args.max_completion_length,
             chat_template_kwargs=args.chat_template_kwargs,
+            timeout=args.reward_timeout,
         )
         self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
 
@@ -186,6 +191,17 @@ class GRPOTrainer(Trainer):
         )
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
+        self._unscorable_rounds = 0  # training rounds in a row where every reward was None/NaN
+        self._warned_unscorable = False
+        # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
+        # hook could skip it: there the guard is off (save_model still refuses non-finite weights).
+        self._nan_guard = None
+        if self.is_deepspeed_enabled:
+            logger.warning(
+                "NaN guard off under DeepSpeed: it steps the optimizer inside backward (see max_nonfinite_steps)"
+            )
+        else:
+            self._nan_guard = NaNGuard(args.max_nonfinite_steps, grad_scaler=self.accelerator.scaler is not None)
 
     def _place_auxiliary_models(self):
         """The reference and reward models, inference only: under ZeRO-3 DeepSpeed engines partitioned like the
@@ -364,7 +380,35 @@ class GRPOTrainer(Trainer):
             device=self.accelerator.device,
         )
         self._record_rollout(rollout, mode)
+        self._check_scorable(rollout, mode)
         return rollout
+
+    def _check_scorable(self, rollout, mode: str) -> None:
+        """A round where every reward is None/NaN teaches nothing (zero advantages): warn the first time; stop after
+        `max_unscorable_rounds` training rounds in a row. Every process sees the same gathered rewards and agrees."""
+        if not rollout.unscorable:
+            if mode == "train":
+                self._unscorable_rounds = 0
+            return
+        if not self._warned_unscorable and self.accelerator.is_main_process:
+            logger.warning(
+                f"every reward was None/NaN in this round ({', '.join(map(repr, self.reward_func_names))} scored none "
+                f"of {len(rollout.completions)} completions): nothing to learn from it, its advantages are 0 and "
+                "its reward metrics NaN; warned once"
+            )
+        self._warned_unscorable = True
+        if mode != "train":
+            return
+        self._unscorable_rounds += 1
+        limit = self.args.max_unscorable_rounds
+        if limit is not None and self._unscorable_rounds >= limit:
+            raise RewardError(
+                f"every reward was None/NaN in {self._unscorable_rounds} generation rounds in a row "
+                f"(max_unscorable_rounds={limit}): nothing to learn from; "
+                f"{', '.join(map(repr, self.reward_func_names))} scored none of the {len(rollout.completions)} "
+                "completions of the last round, which starts with "
+                + describe_sample(rollout.prompts, rollout.completions, 0)
+            )
 
     def _importance_sampling_settings(self) -> dict:
         args = self.args
@@ -573,12 +617,37 @@ class GRPOTrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._nan_guard is not None:
+            self._nan_guard.note_loss(loss)
         self._step += 1
         self._step_time += time.perf_counter() - start
         if self._step % self.current_gradient_accumulation_steps == 0:  # TRL's step_time: one optimizer step
             self._metrics["train"]["step_time"].append(self._step_time)
             self._step_time = 0.0
         return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        # The Trainer calls this once per optimizer step, after clipping and right before `optimizer.step()`: the NaN
+        # guard's hook. A step with a non-finite loss or gradient norm loses its gradients, so the optimizer skips
+        # every parameter (no weight or optimizer-state update); the scheduler still steps (see max_nonfinite_steps).
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        guard = self._nan_guard
+        if guard is None:
+            return grad_norm
+        what = guard.verdict(grad_norm, self._dist.sum if self._dist.num_processes > 1 else None)
+        if what is not None:
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+        step = self.state.global_step + 1
+        in_a_row = guard.record(step, what)  # raises NonFiniteTrainingError at max_nonfinite_steps in a row
+        if what is not None and self.accelerator.is_main_process:
+            limit = self.args.max_nonfinite_steps
+            logger.warning(
+                f"warning: step {step}: non-finite {what}; optimizer step skipped, weights and optimizer state "
+                f"unchanged ({in_a_row} in a row{'' if limit is None else f', the run stops at {limit}'})"
+            )
+        return grad_norm
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         # Evaluation has no labels: the "prediction" is the GRPO loss on a fresh rollout.
@@ -593,11 +662,14 @@ class GRPOTrainer(Trainer):
         mode = "train" if self.model.training else "eval"
         metrics = {}
         for name, values in self._metrics[mode].items():
-            # A metric that is NaN in one batch (e.g. every reward None) must not poison the whole interval.
+            # A metric that is NaN in one batch (e.g. every reward None) must not poison the whole interval; NaN in
+            # every batch is logged as NaN (as TRL does).
             valid = [v for v in values if not math.isnan(v)]
-            metrics[name] = sum(valid) / len(valid) if valid else None
+            metrics[name] = sum(valid) / len(valid) if valid else math.nan
         if mode == "eval":
             metrics = {f"eval_{name}": value for name, value in metrics.items()}
+        elif self._nan_guard is not None and "loss" in logs:  # a training row (not the end-of-training summary)
+            metrics["nonfinite_steps_skipped"] = self._nan_guard.take_skipped()
         logs.update(metrics)
         super().log(logs, start_time)
         self._metrics[mode].clear()
@@ -611,21 +683,116 @@ class GRPOTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------------ checkpoints
 
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, with resume_from_checkpoint also `"last"` (as `True`: the latest complete checkpoint in
+        output_dir, interrupted saves ignored), and refused (ValueError listing them) when settings the checkpoint
+        records have changed since: batch geometry, processes, num_generations, loss_type, beta 0 or not, model;
+        with `resume_allow_changes` each change is a warning instead (see `grpokit.checkpoints`)."""
+        checkpoint = checkpoints.resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
+            changes = checkpoints.resume_changes(checkpoint, checkpoints.trainer_run_record(self))
+            if changes and not self.args.resume_allow_changes:
+                raise checkpoints.ResumeError(checkpoints.refusal(checkpoint, changes))
+            if changes and self.accelerator.is_main_process:
+                logger.warning(
+                    "warning: resuming from %s with changed settings (resume_allow_changes): %s",
+                    checkpoint,
+                    "; ".join(changes),
+                )
+        return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        # training_args.bin (a pickle of the arguments) is written without hub_token, as resolved_config.yaml is.
+        with hidden_secrets(self.args):
+            super()._save(output_dir, state_dict)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as `Trainer.save_model` does, but refuse (`NonFiniteWeightsError`, naming the tensors) to write weights
+        holding NaN or inf. Each process checks the weights it holds; when they are sharded (FSDP, DeepSpeed), where
+        saving is collective anyway, the processes sum their counts so that all refuse together. Replicated weights
+        (DDP) need no collective: save_model may then be called on the main process alone, as many scripts do."""
+        bad = nonfinite_tensors(self.accelerator.unwrap_model(self.model))
+        total = len(bad)
+        if self._dist.num_processes > 1 and (self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            total = int(self._dist.sum(torch.tensor(float(total), device=self.accelerator.device)).item())
+        if total:
+            raise NonFiniteWeightsError(output_dir or self.args.output_dir, bad, total)
+        super().save_model(output_dir, _internal_call)
+
+    @checkpoints.atomic_checkpoint  # written as tmp-checkpoint-N/checkpoint-N, renamed to checkpoint-N once complete
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self._save_grpo_state(folder)
+
+    def _save_grpo_state(self, folder: str) -> None:
+        """What a checkpoint needs beyond the Trainer's own files to resume exactly, written into `folder` (the
+        checkpoint being written): the entropy coefficient (main process) and, from every process, its generation
+        round (`grpokit_round_rank<i>.pt`): the micro-step count, the buffered micro-batches when the checkpoint falls
+        inside a round (they were generated with older weights; generating them again would not give the same), and
+        the metrics and completions not logged yet. The Trainer's RNG states continue the sampling from there."""
         if self._entropy_control.adaptive and self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
             with open(os.path.join(folder, _ENTROPY_STATE_FILE), "w") as f:
                 json.dump(self._entropy_control.state_dict(), f)
+        if self.args.save_only_model:  # no optimizer or RNG states either: such a checkpoint cannot be resumed
+            return
+        generate_every = self.args.steps_per_generation * self.args.num_iterations
+        inside_round = self._buffered_inputs is not None and self._step % generate_every != 0
+        state = {
+            "step": self._step,
+            "global_step": self.state.global_step,
+            "buffered_inputs": self._buffered_inputs if inside_round else None,
+            # python values as JSON text, so that the file loads with torch.load(weights_only=True)
+            "logged": json.dumps(
+                {
+                    "metrics": self._metrics["train"],
+                    "step_time": self._step_time,
+                    "completions": self._completion_log.state_dict(),
+                },
+                default=str,
+            ),
+        }
+        os.makedirs(folder, exist_ok=True)  # a process can get here before the main one made the folder
+        torch.save(state, os.path.join(folder, _ROUND_STATE_FILE.format(rank=self.args.process_index)))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, _ENTROPY_STATE_FILE) if checkpoint is not None else None
-        if self._entropy_control.adaptive and path is not None and os.path.exists(path):
+        if checkpoint is not None:
+            self._load_grpo_state(checkpoint)
+
+    def _load_grpo_state(self, checkpoint: str) -> None:
+        """Restore what `_save_grpo_state` wrote (called once the Trainer state of `checkpoint` is loaded)."""
+        path = os.path.join(checkpoint, _ENTROPY_STATE_FILE)
+        if self._entropy_control.adaptive and os.path.exists(path):
             with open(path) as f:
                 self._entropy_control.load_state_dict(json.load(f))
+        path = os.path.join(checkpoint, _ROUND_STATE_FILE.format(rank=self.args.process_index))
+        generate_every = self.args.steps_per_generation * self.args.num_iterations
+        state = None
+        if os.path.isfile(path):
+            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+        buffered = state["buffered_inputs"] if state is not None else None
+        if (
+            state is None
+            or state["global_step"] != self.state.global_step
+            or (buffered is not None and len(buffered) != self.args.steps_per_generation)
+        ):
+            # A checkpoint without it (older grpokit) or not matching: the micro-step count follows from the step.
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            self._buffered_inputs = None
+            if self._step % generate_every:
+                logger.warning(
+                    "%s has no saved generation round for process %d: the round it falls in is generated again "
+                    "with the current weights, so the run continues but not exactly as it would have",
+                    checkpoint,
+                    self.args.process_index,
+                )
+            return
+        self._step, self._buffered_inputs = state["step"], buffered
+        logged = json.loads(state["logged"])
+        self._metrics["train"] = defaultdict(list, logged["metrics"])
+        self._step_time = logged["step_time"]
+        self._completion_log.load_state_dict(logged["completions"])
 
 
 # ---------------------------------------------------------------------------------------------------- helpers

@@ -117,6 +117,9 @@ YAML_CASES = [
     ("model-init-kwargs-not-mapping", "model_init_kwargs: 5\n", [], ["model_init_kwargs='5'", "must be a mapping"]),
     ("pad-to-multiple-word", "pad_to_multiple_of: automatic\n", [], ["pad_to_multiple_of='automatic'", "did you mean 'auto'?"]),
     ("warmup-ratio-1", "warmup_ratio: 1.0\n", [], ["warmup_ratio=1.0", "must be < 1"]),
+    ("reward-timeout-0", "reward_timeout: 0\n", [], ["reward_timeout=0.0 (yaml:{file}:1): must be > 0", "for example 600.0 (the default)"]),
+    ("max-unscorable-rounds-0", "max_unscorable_rounds: 0\n", [], ["max_unscorable_rounds=0", "must be >= 1", "nearest valid value: 1"]),
+    ("max-nonfinite-steps-0", "max_nonfinite_steps: 0\n", [], ["max_nonfinite_steps=0 (yaml:{file}:1)", "must be >= 1", "nearest valid value: 1"]),
     # ---- batch geometry, with the nearest valid values
     (
         "groups-do-not-fit",

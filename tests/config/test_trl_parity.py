@@ -26,7 +26,14 @@ CLASSES = [GRPOConfig, ScriptArguments, GRPOScriptArguments, ModelConfig, Datase
 
 # grpokit's own fields, on top of TRL's: exactly these and no others.
 EXTRAS = {
-    "GRPOConfig": {"recipe", "max_prompt_length"},
+    "GRPOConfig": {
+        "recipe",
+        "max_prompt_length",
+        "max_nonfinite_steps",
+        "reward_timeout",
+        "max_unscorable_rounds",
+        "resume_allow_changes",
+    },
     "ScriptArguments": set(),
     "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt"},
     "ModelConfig": set(),

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import threading
 import time
 
 import pytest
@@ -143,3 +144,181 @@ def test_build_resolves_built_in_names_and_checks_processing_classes():
 def test_column_values_skip_reserved_columns():
     rows = [{"prompt": "a", "answer": 1, "completion": "x"}, {"prompt": "b", "answer": 2, "completion": "y"}]
     assert column_values(rows) == {"answer": [1, 2]}
+
+
+# ---- faults: timeouts, infinite rewards, several processes
+
+
+def test_a_hanging_sync_function_times_out_and_its_thread_is_left_running():
+    release = threading.Event()
+
+    def slow_reward(completions, **kwargs):
+        release.wait(30)
+        return [0.0] * len(completions)
+
+    start = time.perf_counter()
+    with pytest.raises(RewardError) as error:
+        RewardFunctions([slow_reward], timeout=0.5)(PROMPTS, COMPLETIONS, IDS)
+    assert 0.5 <= time.perf_counter() - start < 2.0
+    assert str(error.value).startswith(
+        "reward function 'slow_reward' did not return within 0.5 s (reward_timeout) on a batch of 4 completions; "
+        "the batch starts with sample 0 (prompt='p0', completion='a')"
+    )
+    (worker,) = [t for t in threading.enumerate() if t.name == "grpokit-reward-0" and t.is_alive()]
+    assert worker.daemon  # abandoned, still running; it cannot keep the process alive at exit
+    release.set()
+    worker.join(5)
+    assert not worker.is_alive()
+
+
+def test_within_the_timeout_a_sync_function_runs_in_a_worker_thread_with_the_callers_grad_mode():
+    seen = []
+
+    def quick(completions, **kwargs):
+        seen.append((threading.current_thread().name, torch.is_grad_enabled()))
+        return [1.0] * len(completions)
+
+    with torch.no_grad():
+        rewards = RewardFunctions([quick], timeout=5)(PROMPTS, COMPLETIONS, IDS)
+    assert rewards[:, 0].tolist() == [1.0] * 4 and seen == [("grpokit-reward-0", False)]
+    # Without a timeout it runs in the calling thread, as before.
+    RewardFunctions([quick], timeout=None)(PROMPTS, COMPLETIONS, IDS)
+    assert seen[-1][0] == threading.current_thread().name
+
+
+def test_a_hanging_async_function_is_cancelled():
+    cancelled = threading.Event()
+
+    async def slow_judge(completions, **kwargs):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return [0.0] * len(completions)
+
+    async def quick_judge(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    start = time.perf_counter()
+    with pytest.raises(RewardError, match=r"^reward function 'slow_judge' did not return within 0.5 s \(reward_"):
+        RewardFunctions([quick_judge, slow_judge], timeout=0.5)(PROMPTS, COMPLETIONS, IDS)
+    assert time.perf_counter() - start < 2.0
+    assert cancelled.wait(2)
+
+
+def test_an_async_function_that_blocks_the_event_loop_still_times_out():
+    async def blocking(completions, **kwargs):
+        time.sleep(2.5)  # a sync call inside an async function: the loop cannot cancel it
+        return [0.0] * len(completions)
+
+    async def fine(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    start = time.perf_counter()
+    with pytest.raises(RewardError, match=r"'blocking' did not return within 0.2 s"):
+        RewardFunctions([blocking], timeout=0.2)(PROMPTS, COMPLETIONS, IDS)
+    assert time.perf_counter() - start < 2.0  # 0.2 s and the 1 s grace
+    # The stuck loop is abandoned: the next call gets a fresh one.
+    assert RewardFunctions([fine], timeout=1)(PROMPTS, COMPLETIONS, IDS)[:, 0].tolist() == [1.0] * 4
+
+
+def test_a_hanging_reward_model_times_out(tiny_tokenizer, monkeypatch):
+    from grpokit.tiny import build_reward_model
+
+    model = build_reward_model(tiny_tokenizer).eval()
+    monkeypatch.setattr(RewardFunctions, "_score_with_model", lambda *args: time.sleep(3))
+    with pytest.raises(RewardError, match=r"^reward model '\w+' did not return within 0.3 s .* batch of 4"):
+        RewardFunctions([model], [tiny_tokenizer], timeout=0.3)(PROMPTS, COMPLETIONS, IDS)
+
+
+def test_a_sample_that_alone_hangs_while_locating_a_failure_does_not_hang():
+    def flaky(completions, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("batch too large")
+        time.sleep(3)
+        return [0.0]
+
+    start = time.perf_counter()
+    with pytest.raises(RewardError, match=r"'flaky' raised RuntimeError: batch too large on a batch of 4"):
+        RewardFunctions([flaky], timeout=0.3)(PROMPTS, COMPLETIONS, IDS)
+    assert time.perf_counter() - start < 1.5
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, 1e39])  # 1e39 overflows float32
+def test_an_infinite_reward_is_named_with_its_sample(bad):
+    def explosive(completions, **kwargs):
+        return [0.0, 1.0, bad, 2.0]
+
+    with pytest.raises(RewardError) as error:
+        call([explosive])
+    assert str(error.value) == (
+        f"reward function 'explosive' returned {bad!r} for sample 2 (prompt='p1', completion='ccc'); rewards must "
+        "be finite float32 numbers (None for no opinion)"
+    )
+
+
+def test_an_infinite_score_of_a_reward_model_is_named_with_its_sample(tiny_tokenizer, monkeypatch):
+    from grpokit.tiny import build_reward_model
+
+    model = build_reward_model(tiny_tokenizer).eval()
+    monkeypatch.setattr(RewardFunctions, "_score_with_model", lambda *args: torch.tensor([0.0, 1.0, 2.0, -math.inf]))
+    with pytest.raises(RewardError, match=r"^reward model '\w+' returned -inf for sample 3 \(prompt='p1', comp"):
+        RewardFunctions([model], [tiny_tokenizer])(PROMPTS, COMPLETIONS, IDS)
+
+
+def test_nan_is_still_no_opinion():
+    rewards = call([lambda completions, **kwargs: [math.nan, 1.0, None, 2.0]])
+    assert math.isnan(rewards[0, 0]) and math.isnan(rewards[2, 0]) and rewards[1, 0] == 1.0
+
+
+class _TwoProcesses:
+    """Process `process_index` of two; the other process's contribution to gather_object is `other`."""
+
+    num_processes = 2
+
+    def __init__(self, process_index, other):
+        self.process_index, self.other, self.gathered = process_index, other, []
+
+    def gather_object(self, items):
+        self.gathered.append(list(items))
+        return [*items, *self.other] if self.process_index == 0 else [*self.other, *items]
+
+
+def test_every_process_raises_when_the_rewards_of_one_fail():
+    from grpokit.rollout.rollout import _agreed_rewards
+
+    def picky(completions, **kwargs):
+        return [1.0, "x", 0.0, 0.0]
+
+    def fine(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    failing = _TwoProcesses(1, [None])
+    with pytest.raises(RewardError, match=r"^reward function 'picky' returned 'x' \(str\) for sample 1") as own:
+        _agreed_rewards(failing, RewardFunctions([picky]), PROMPTS, COMPLETIONS, IDS)
+    assert failing.gathered == [[str(own.value)]]  # its message went to the others before it raised
+
+    other = _TwoProcesses(0, [str(own.value)])
+    with pytest.raises(RewardError) as error:
+        _agreed_rewards(other, RewardFunctions([fine]), PROMPTS, COMPLETIONS, IDS)
+    assert str(error.value) == f"{own.value} (on process 1 of 2)"
+    assert other.gathered == [[None]]
+
+    healthy = _TwoProcesses(0, [None])
+    assert _agreed_rewards(healthy, RewardFunctions([fine]), PROMPTS, COMPLETIONS, IDS)[:, 0].tolist() == [1.0] * 4
+
+
+def test_any_failure_in_scoring_reaches_the_other_processes_as_a_reward_error(tiny_tokenizer, monkeypatch):
+    from grpokit.rollout.rollout import _agreed_rewards
+    from grpokit.tiny import build_reward_model
+
+    def out_of_memory(*args):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(RewardFunctions, "_score_with_model", out_of_memory)
+    failing = _TwoProcesses(0, [None])
+    rewards = RewardFunctions([build_reward_model(tiny_tokenizer)], [tiny_tokenizer])
+    with pytest.raises(RewardError, match=r"^scoring rewards failed on process 0: MemoryError\('no room'\)$"):
+        _agreed_rewards(failing, rewards, PROMPTS, COMPLETIONS, IDS)
+    assert failing.gathered == [["MemoryError('no room')"]]

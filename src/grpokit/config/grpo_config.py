@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from transformers import TrainingArguments
 
+from .redaction import register_fields
 from .rules import derive_batch_geometry, geometry_processes, validate_instance
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -61,6 +62,25 @@ class GRPOConfig(TrainingArguments):
         metadata={
             "help": "Name of a shipped recipe (see `grpokit recipes`) whose values sit under your YAML and flags. "
             "In Python, `GRPOConfig(recipe=...)` fills every field you left at its default from the recipe."
+        },
+    )
+
+    # ---- grpokit: resume ----
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Resume training from this checkpoint folder (output_dir/checkpoint-N), or `true` / `last` for "
+            "the latest complete checkpoint in output_dir. The batch geometry, number of processes, "
+            "num_generations, loss_type, beta (0 or not) and model must be those the checkpoint was trained with "
+            "(see resume_allow_changes)."
+        },
+    )
+    resume_allow_changes: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume even when settings the checkpoint records (grpokit_run.json: batch geometry, number of "
+            "processes, num_generations, loss_type, beta 0 or not, model) have changed; each change is then a "
+            "warning instead of an error. The run then does not continue the one it resumes exactly."
         },
     )
 
@@ -317,6 +337,21 @@ class GRPOConfig(TrainingArguments):
             "at all ('none', as Dr. GRPO recommends). Legacy true/false mean 'group'/'none'."
         },
     )
+    reward_timeout: float | None = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds each reward call (function, async function or reward model) may take on a batch before "
+            "the run stops with an error naming it (weights saved). An async function is cancelled; a sync one is "
+            "left running in its abandoned thread. null waits forever. grpokit extension."
+        },
+    )
+    max_unscorable_rounds: int | None = field(
+        default=3,
+        metadata={
+            "help": "Stop after this many generation rounds in a row where every reward is None/NaN (nothing to "
+            "learn from: zero advantages). null never stops. grpokit extension."
+        },
+    )
 
     # ---- Loss ----
     loss_type: LossType = field(
@@ -452,6 +487,20 @@ class GRPOConfig(TrainingArguments):
         metadata={"help": "Reference sync: optimizer steps between two syncs."},
     )
 
+    # ---- grpokit: NaN guard ----
+    max_nonfinite_steps: int | None = field(
+        default=3,
+        metadata={
+            "help": "NaN guard: an optimizer step whose loss or gradient norm is NaN or inf is skipped, with a "
+            "warning: its gradients are cleared, so neither the weights nor the optimizer state change (the "
+            "learning-rate schedule still advances with the step count). The metric `nonfinite_steps_skipped` is the "
+            "number of steps skipped since the previous log row. After this many such steps in a row, training "
+            "stops with the last finite weights (`grpokit train` saves them to output_dir/interrupted-step-N and "
+            "exits 1); unset (null) never stops. Under fp16 the gradient scaler skips overflowing steps itself, and "
+            "those are not counted; under DeepSpeed (which steps inside backward) the guard is off."
+        },
+    )
+
     # ---- Logging ----
     log_completions: bool = field(
         default=False,
@@ -500,6 +549,7 @@ class GRPOConfig(TrainingArguments):
         derived = derive_batch_geometry(vars(self), num_processes=geometry_processes(self.world_size))
         for name, value in derived.items():
             setattr(self, name, value)
+        register_fields(self)  # hub_token: redacted from logs and output files from now on
 
 
 def _apply_recipe_defaults(config: GRPOConfig) -> None:

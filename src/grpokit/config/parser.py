@@ -31,6 +31,7 @@ from .grpo_config import GRPOConfig
 from .migrations import RENAMED_KEYS, legacy_scale_rewards
 from .model_config import ModelConfig
 from .recipes import load_recipe
+from .redaction import is_secret_env, is_secret_field, redact, register
 from .rules import ConfigError, Problem, check_fields, check_geometry, num_processes_from_env, planned_processes
 from .script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
 from .suggest import closest
@@ -70,6 +71,8 @@ class Resolution:
     # The processes the batch geometry was checked and derived for, and where that number comes from.
     processes: int = 1
     processes_how: str = "WORLD_SIZE of the launch (accelerate launch sets it); 1 otherwise"
+    # The variables the YAML files' `env:` sections set: {name: (value as set, source)}, the later file winning.
+    env: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 class TrlParser(HfArgumentParser):
@@ -106,10 +109,10 @@ class TrlParser(HfArgumentParser):
             resolution = self.resolve(args, allow_remaining=return_remaining_strings)
         except ConfigError as exc:
             for problem in exc.problems:
-                print(f"error: {problem.line()}", file=sys.stderr)
+                print(f"error: {redact(problem.line())}", file=sys.stderr)
             sys.exit(2)
         for warning in resolution.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {redact(warning)}", file=sys.stderr)
         if return_remaining_strings:
             return (*resolution.instances, resolution.remaining)
         return tuple(resolution.instances)
@@ -160,6 +163,7 @@ class TrlParser(HfArgumentParser):
 
         values, sources = self._field_defaults()
         _coerce_into(raw, owners, values, sources, report)
+        register(*(value for key, value in values.items() if is_secret_field(key)))  # redacted from logs from now on
         report.problems += self._rules(values, processes)
         report.raise_if_any(sources)
         with planned_processes(processes):  # derived for the processes checked, not for this one alone
@@ -177,6 +181,7 @@ class TrlParser(HfArgumentParser):
             launch,
             processes,
             processes_how,
+            report.env,
         )
         self.resolution = resolution
         return resolution
@@ -311,6 +316,7 @@ class _Report:
     problems: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     remaining: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # {name: (value, source)} of the `env:` sections
 
     def raise_if_any(self, sources) -> None:
         if self.problems:
@@ -347,6 +353,9 @@ def _apply_env_sections(yaml_layers, report) -> None:
                 continue
             text = str(value).lower() if isinstance(value, bool) else str(value)
             os.environ[key] = "" if value is None else text
+            report.env[key] = (os.environ[key], source)
+            if is_secret_env(key):
+                register(os.environ[key])
 
 
 def _recipe_layers(yaml_layers, recipe_flag, owners, report) -> list:
@@ -424,6 +433,10 @@ def _coerce_into(raw, owners, values, sources, report) -> None:
         try:
             if key == "datasets":
                 values[key] = _coerce_datasets(value)
+            elif key == "resume_from_checkpoint" and isinstance(value, bool):
+                # `resume_from_checkpoint: true` in YAML, as `--resume_from_checkpoint true` on the command line:
+                # the latest checkpoint in output_dir (see grpokit.checkpoints); `false` means no resume.
+                values[key] = "true" if value else None
             else:
                 values[key] = coerce(value, field_types(dtype)[key], mapping_items=f.name in MAPPING_ITEM_FIELDS)
         except CoercionError as exc:

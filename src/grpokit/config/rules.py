@@ -83,6 +83,7 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "entropy_coef_delta": (0, True, None, False),
     "ref_model_mixup_alpha": (0, True, 1, True),
     "ref_model_sync_steps": (1, True, None, False),
+    "max_nonfinite_steps": (1, True, None, False),
     "num_completions_to_print": (0, True, None, False),
     "vllm_gpu_memory_utilization": (0, False, 1, True),
     "vllm_tensor_parallel_size": (1, True, None, False),
@@ -93,6 +94,8 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "vllm_importance_sampling_clip_min": (0, True, None, False),
     "vllm_importance_sampling_clip_max": (0, False, None, False),
     "max_tool_calling_iterations": (1, True, None, False),
+    "reward_timeout": (0, False, None, False),
+    "max_unscorable_rounds": (1, True, None, False),
     # TrainingArguments
     "per_device_train_batch_size": (1, True, None, False),
     "per_device_eval_batch_size": (1, True, None, False),

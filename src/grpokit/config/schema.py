@@ -120,6 +120,8 @@ def build_schema(dataclass_types) -> dict:
         properties[name].pop("items", None)
     if "scale_rewards" in properties:
         properties["scale_rewards"]["enum"] = properties["scale_rewards"]["enum"] + [True, False]
+    if "resume_from_checkpoint" in properties:  # `true`: the latest checkpoint in output_dir; `false`: no resume
+        properties["resume_from_checkpoint"]["type"] = ["string", "boolean", "null"]
     properties["env"] = {
         "type": "object",
         "description": "Environment variables set (as strings) before the rest of the config is applied.",

@@ -103,6 +103,31 @@ class CompletionLog:
         """`log_extra` for reward functions: one more column of the completions table."""
         self._pending_extra[column].extend(values)
 
+    def state_dict(self) -> dict:
+        """Everything held, as plain lists and dicts (saved in checkpoints, so a resumed run logs the same)."""
+        return {
+            "prompts": list(self.prompts),
+            "completions": list(self.completions),
+            "advantages": list(self.advantages),
+            "rewards": {name: list(values) for name, values in self.rewards.items()},
+            "extra": {name: list(values) for name, values in self.extra.items()},
+            "samples": list(self.samples),
+            "pending_extra": dict(self._pending_extra),
+            "unreported": self._unreported,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("prompts", "completions", "advantages", "samples"):
+            getattr(self, name).clear()
+            getattr(self, name).extend(state[name])
+        for name in ("rewards", "extra"):
+            getattr(self, name).clear()
+            for column, values in state[name].items():
+                getattr(self, name)[column].extend(values)
+        self._pending_extra.clear()
+        self._pending_extra.update({column: list(values) for column, values in state["pending_extra"].items()})
+        self._unreported = state["unreported"]
+
     def add_rollout(self, rollout, names: list[str], dist):
         self.prompts.extend(rollout.prompts)
         self.completions.extend(rollout.completions)

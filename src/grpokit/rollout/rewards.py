@@ -4,13 +4,21 @@ Reward functions use TRL's signature: `fn(prompts=..., completions=..., completi
 trainer_state=..., log_extra=..., log_metric=...)` returning one float, or None ("no opinion"), per completion.
 Coroutine functions run concurrently. Reward models are sequence classifiers scoring prompt + completion.
 
-A function that raises, returns the wrong number of rewards, or returns something that is not a number stops the
-run with an error naming the function and the sample; nothing is silently scored 0.
+A function that raises, returns the wrong number of rewards, or returns something that is not a number, or an
+infinite one, stops the run with an error naming the function and the sample; nothing is silently scored 0.
+
+With a `timeout`, each call (one function or model on one batch) that has not returned after that many seconds stops
+the run too. An async function is cancelled. A sync function or a reward model runs in a daemon worker thread that
+is abandoned on expiry: Python cannot stop a thread, so it keeps running until the function returns (or the process
+exits).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import inspect
 import math
 import threading
@@ -29,6 +37,14 @@ RESERVED_COLUMNS = ("prompt", "completion", "completion_ids")
 
 class RewardError(RuntimeError):
     """A reward function failed or returned something unusable; the message names the function and the sample."""
+
+
+class _RewardTimeout(RewardError):
+    """A reward call did not return within the timeout."""
+
+
+_TIMED_OUT = object()  # the output of an async call cancelled at its timeout
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def reward_name(func: Any) -> str:
@@ -62,12 +78,24 @@ class _BackgroundLoop:
     _lock = threading.Lock()
 
     @classmethod
-    def run(cls, coroutine):
+    def run(cls, coroutine, timeout: float | None = None):
+        """The coroutine's result; `TimeoutError` after `timeout` seconds, when the loop itself is stuck (a coroutine
+        that blocks it, e.g. `time.sleep` in an `async def`): that loop is then abandoned and the next call starts
+        another."""
         with cls._lock:
             if cls._loop is None:
                 cls._loop = asyncio.new_event_loop()
                 threading.Thread(target=cls._loop.run_forever, daemon=True, name="grpokit-rewards").start()
-        return asyncio.run_coroutine_threadsafe(coroutine, cls._loop).result()
+            loop = cls._loop
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            with cls._lock:
+                if cls._loop is loop:
+                    cls._loop = None
+            raise TimeoutError from None
 
 
 @dataclass
@@ -78,11 +106,13 @@ class RewardFunctions:
         funcs: callables (sync or async) and/or `PreTrainedModel` sequence classifiers.
         processing_classes: one per func; the tokenizer of each reward model (ignored for callables).
         chat_template_kwargs: for rendering conversations for reward models.
+        timeout: seconds each call (one function or model on one batch) may take; None waits forever.
     """
 
     funcs: list[Any]
     processing_classes: list[Any] = field(default_factory=list)
     chat_template_kwargs: dict = field(default_factory=dict)
+    timeout: float | None = None
 
     def __post_init__(self):
         if not self.processing_classes:
@@ -115,26 +145,102 @@ class RewardFunctions:
         pending = []
         for i, func in enumerate(self.funcs):
             if isinstance(func, torch.nn.Module):
-                rewards[:, i] = self._score_with_model(func, self.processing_classes[i], prompts, completions)
+                score = functools.partial(
+                    self._score_with_model, func, self.processing_classes[i], prompts, completions
+                )
+                rewards[:, i] = self._check_finite(i, self._within_timeout(i, batch, score), prompts, completions)
             elif is_async_callable(func):
                 pending.append(i)
             else:
                 try:
-                    output = func(**batch, **kwargs)
+                    output = self._within_timeout(i, batch, functools.partial(func, **batch, **kwargs))
+                except _RewardTimeout:
+                    raise
                 except Exception as error:
                     raise self._locate_failure(i, error, batch, kwargs) from error
                 rewards[:, i] = self._to_column(i, output, prompts, completions)
         if pending:
-            outputs = _BackgroundLoop.run(self._gather_async(pending, batch, kwargs))
+            outputs = self._run_async([(i, {**batch, **kwargs}) for i in pending])
             for i, output in zip(pending, outputs, strict=True):
+                if output is _TIMED_OUT:
+                    raise self._timeout_error(i, batch)
                 if isinstance(output, BaseException):
                     raise self._locate_failure(i, output, batch, kwargs) from output
                 rewards[:, i] = self._to_column(i, output, prompts, completions)
         return rewards
 
-    async def _gather_async(self, indices: list[int], batch: dict, kwargs: dict) -> list:
-        coroutines = [self.funcs[i](**batch, **kwargs) for i in indices]
-        return await asyncio.gather(*coroutines, return_exceptions=True)
+    def _within_timeout(self, i: int, batch: dict, call: Callable[[], Any]) -> Any:
+        """`call()` in a daemon worker thread, waited for at most `timeout` seconds (RewardError after that; the
+        thread is abandoned, still running). Without a timeout, `call()` in this thread."""
+        if self.timeout is None:
+            return call()
+        outcome: dict[str, Any] = {}
+        finished = threading.Event()
+        work = _in_caller_state(call)
+
+        def target():
+            try:
+                outcome["value"] = work()
+            except BaseException as error:  # handed to the waiting thread, which raises it
+                outcome["error"] = error
+            finally:
+                finished.set()
+
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(target,), daemon=True, name=f"grpokit-reward-{i}").start()
+        if not finished.wait(self.timeout):
+            raise self._timeout_error(i, batch)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def _run_async(self, calls: list[tuple[int, dict]]) -> list:
+        """Async functions called together, `(index, keyword arguments)` each: their outputs, each a value, an
+        exception, or `_TIMED_OUT` for one cancelled after `timeout` seconds."""
+        finished: set[int] = set()
+        # Past the deadline plus a grace, the event loop itself is stuck (a function blocks it): every call not
+        # finished by then counts as timed out.
+        grace = None if self.timeout is None else self.timeout + max(1.0, 0.1 * self.timeout)
+        try:
+            return _BackgroundLoop.run(self._gather_async(calls, finished), timeout=grace)
+        except TimeoutError:
+            return [None if k in finished else _TIMED_OUT for k in range(len(calls))]
+
+    async def _gather_async(self, calls: list[tuple[int, dict]], finished: set[int]) -> list:
+        async def one(k, i, call_kwargs):
+            try:
+                task = asyncio.ensure_future(self.funcs[i](**call_kwargs))
+                done, _ = await asyncio.wait({task}, timeout=self.timeout)
+                if not done:
+                    task.cancel()
+                    return _TIMED_OUT
+                return task.result()
+            finally:
+                finished.add(k)
+
+        return await asyncio.gather(*(one(k, *call) for k, call in enumerate(calls)), return_exceptions=True)
+
+    def _timeout_error(self, i: int, batch: dict) -> RewardError:
+        prompts, completions = batch["prompts"], batch["completions"]
+        return _RewardTimeout(
+            f"{self._kind(i)} {self.names[i]!r} did not return within {float(self.timeout)} s (reward_timeout) on a "
+            f"batch of {len(prompts)} completions; the batch starts with {_sample(prompts, completions, 0)}; raise "
+            "reward_timeout, or set it to null to wait forever"
+        )
+
+    def _kind(self, i: int) -> str:
+        return "reward model" if isinstance(self.funcs[i], torch.nn.Module) else "reward function"
+
+    def _check_finite(self, i: int, column: Tensor, prompts: list, completions: list) -> Tensor:
+        infinite = torch.isinf(column).nonzero().flatten().tolist()
+        if infinite:
+            j = infinite[0]
+            raise RewardError(
+                f"{self._kind(i)} {self.names[i]!r} returned {column[j].item()} for {_sample(prompts, completions, j)}"
+                f"{f' (and {len(infinite) - 1} other samples)' if len(infinite) > 1 else ''}; rewards must be finite"
+                " float32 numbers (None for no opinion)"
+            )
+        return column
 
     def _to_column(self, i: int, output: Any, prompts: list, completions: list) -> Tensor:
         name, n = self.names[i], len(prompts)
@@ -156,12 +262,18 @@ class RewardFunctions:
                 column[j] = math.nan
                 continue
             try:
-                column[j] = float(value)
+                number = float(value)
             except (TypeError, ValueError):
                 raise RewardError(
                     f"reward function {name!r} returned {_short(value)} ({type(value).__name__}) for "
                     f"{_sample(prompts, completions, j)}; expected a float or None"
                 ) from None
+            if abs(number) > _FLOAT32_MAX:  # inf, -inf, or beyond float32 (NaN, like None, is "no opinion")
+                raise RewardError(
+                    f"reward function {name!r} returned {_short(value)} for {_sample(prompts, completions, j)}; "
+                    "rewards must be finite float32 numbers (None for no opinion)"
+                )
+            column[j] = number
         return column
 
     def _locate_failure(self, i: int, error: BaseException, batch: dict, kwargs: dict) -> RewardError:
@@ -173,9 +285,16 @@ class RewardFunctions:
             single = {k: [v[j]] for k, v in batch.items()}
             single.update({k: [v[j]] if _per_sample(v, n) else v for k, v in kwargs.items()})
             try:
-                result = func(**single)
-                if inspect.isawaitable(result):
-                    _BackgroundLoop.run(_await(result))
+                if is_async_callable(func):
+                    [output] = self._run_async([(i, single)])
+                    if output is _TIMED_OUT:
+                        break
+                    if isinstance(output, Exception):
+                        raise output
+                else:
+                    self._within_timeout(i, single, functools.partial(func, **single))
+            except _RewardTimeout:  # this sample alone hangs: no better place to point at than the batch
+                break
             except Exception as sample_error:
                 return RewardError(
                     f"reward function {name!r} raised {type(sample_error).__name__}: {sample_error} on "
@@ -204,8 +323,19 @@ def _per_sample(value: Any, n: int) -> bool:
     return isinstance(value, list) and len(value) == n
 
 
-async def _await(awaitable):
-    return await awaitable
+def _in_caller_state(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call` wrapped to run in another thread with this thread's torch state: grad mode and CUDA device (both
+    per thread; under a launch each process trains on its own GPU, which a new thread would not know)."""
+    grad = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def run():
+        if device is not None:
+            torch.cuda.set_device(device)
+        with torch.set_grad_enabled(grad):
+            return call()
+
+    return run
 
 
 def column_values(rows: list[dict]) -> dict[str, list]:
@@ -225,12 +355,14 @@ def build_reward_functions(
     trust_remote_code: bool = False,
     max_completion_length: int | None = None,
     chat_template_kwargs: dict | None = None,
+    timeout: float | None = None,
 ) -> RewardFunctions:
     """Turn what a user passes as `reward_funcs` into `RewardFunctions`.
 
     Each entry is a callable, a sequence-classification `PreTrainedModel`, or a string: a local directory or a hub id
     (`org/name`) is loaded as a reward model with its tokenizer; any other string, or a `{"name", "kwargs"}`
-    mapping, is a built-in reward name or dotted path resolved by `grpokit.rewards.resolve_reward`.
+    mapping, is a built-in reward name or dotted path resolved by `grpokit.rewards.resolve_reward`. `timeout`: seconds
+    each reward call may take (None: no limit).
     """
     from transformers import PreTrainedModel
 
@@ -255,7 +387,7 @@ def build_reward_functions(
                 classes[i] = models.load_tokenizer(models.model_id(spec), trust_remote_code=trust_remote_code)
             models.prepare_reward_tokenizer(spec, classes[i])
         funcs.append(spec)
-    return RewardFunctions(funcs, classes, chat_template_kwargs=dict(chat_template_kwargs or {}))
+    return RewardFunctions(funcs, classes, chat_template_kwargs=dict(chat_template_kwargs or {}), timeout=timeout)
 
 
 def _is_model_reference(spec: str) -> bool:

@@ -24,7 +24,7 @@ from grpokit.generation import (
 )
 
 from .dist import LOCAL, Collective
-from .rewards import RewardFunctions, column_values
+from .rewards import RewardError, RewardFunctions, column_values
 
 # (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
 LogpsFn = Callable[[Tensor, Tensor, int], Tensor]
@@ -87,6 +87,7 @@ class Rollout:
     all_advantages: Tensor | None = None  # (N,)
     num_tokens: int = 0  # prompt + completion tokens generated with, all processes
     metrics: dict[str, float] = field(default_factory=dict)
+    unscorable: bool = False  # every reward of every completion, all processes, was None/NaN: zero advantages
 
     def micro_batches(self, n: int, *, shuffle: bool = True) -> list[dict[str, Tensor]]:
         """The rows split into `n` equal micro-batches (after a random permutation when `shuffle`), as dicts of the
@@ -162,8 +163,8 @@ def produce_rollout(
     correction = _sampling_correction(old_logps, sampling_logps, batch["completion_mask"], settings, dist)
     importance_sampling_ratio = correction.pop("ratio", None)
 
-    local_rewards = rewards(
-        prompts, completions, completion_id_lists, column_values(rows), **(reward_kwargs or {})
+    local_rewards = _agreed_rewards(
+        dist, rewards, prompts, completions, completion_id_lists, column_values(rows), **(reward_kwargs or {})
     )  # (B, F)
     all_rewards = dist.gather(local_rewards.to(device))  # (N, F): groups may span processes
     advantage_kwargs = dict(
@@ -194,7 +195,30 @@ def produce_rollout(
         all_advantages=all_advantages.cpu(),
         num_tokens=int(dist.gather(prompt_lengths).sum().item() + all_completion_lengths.sum().item()),
         metrics=metrics,
+        unscorable=bool(torch.isnan(all_rewards).all()),
     )
+
+
+def _agreed_rewards(dist: Collective, rewards: RewardFunctions, *args, **kwargs) -> Tensor:
+    """This process's rewards; when any process's rewards fail (raise, time out), every process raises: the failing
+    one its own error, the others a RewardError with its message, before any of them enters a collective that a
+    failed process would never reach."""
+    if dist.num_processes == 1:
+        return rewards(*args, **kwargs)
+    try:
+        local, failure = rewards(*args, **kwargs), None
+    except Exception as error:  # any failure must reach the other processes
+        local, failure = None, error
+    message = None if failure is None else (str(failure) if isinstance(failure, RewardError) else repr(failure))
+    messages = dist.gather_object([message])
+    if failure is not None:
+        if isinstance(failure, RewardError):
+            raise failure
+        raise RewardError(f"scoring rewards failed on process {dist.process_index}: {message}") from failure
+    for index, other in enumerate(messages):
+        if other is not None:
+            raise RewardError(f"{other} (on process {index} of {dist.num_processes})")
+    return local
 
 
 def _sampling_correction(old_logps, sampling_logps, completion_mask, settings: RolloutSettings, dist) -> dict:

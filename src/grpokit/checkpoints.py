@@ -1,0 +1,363 @@
+"""Checkpoints: written atomically, found again, and checked before a run resumes from one.
+
+Atomic writes (`atomic_checkpoint`, around `GRPOTrainer._save_checkpoint`): transformers' Trainer writes
+`output_dir/checkpoint-N` in place, file after file, so a process killed while saving leaves a folder that looks like a
+checkpoint and is not one. Here every file of the checkpoint (Trainer's, and whatever grpokit adds) is written into
+`output_dir/tmp-checkpoint-N/checkpoint-N`; when all processes are done, the folder is renamed to
+`output_dir/checkpoint-N` (a rename within one file system is atomic), and only then are older checkpoints rotated out
+(save_total_limit) and the checkpoint pushed to the Hub. A kill at any moment leaves either no `checkpoint-N` or a
+complete one; the `tmp-checkpoint-*` left behind is removed at the next save and never picked up by resume.
+
+Resume (`resolve_resume`): `resume_from_checkpoint` is a checkpoint folder, or `true` / `last` for the latest complete
+checkpoint in output_dir (`latest_checkpoint`: the highest `checkpoint-N` holding trainer_state.json). Each checkpoint
+records the settings a resumed run must keep (`grpokit_run.json`: batch geometry, number of processes,
+num_generations, loss_type, beta, model, each with where its value came from); resuming with any of them changed is
+refused with every change listed (`resume_changes`), unless `resume_allow_changes` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
+
+logger = logging.getLogger(__name__)
+
+TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer's name for it, written last but one by Trainer
+RUN_FILE = "grpokit_run.json"
+STAGING_PREFIX = f"tmp-{PREFIX_CHECKPOINT_DIR}-"
+LATEST = ("true", "last")  # resume_from_checkpoint values meaning "the latest checkpoint in output_dir"
+NO_RESUME = ("", "false")
+_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+# What a resumed run must keep, in the order a refusal lists them. beta counts only as 0 (no reference model) or not.
+GUARDED_FIELDS = (
+    "model_name_or_path",
+    "num_processes",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_iterations",
+    "num_generations",
+    "loss_type",
+    "beta",
+)
+
+
+class ResumeError(ValueError):
+    """resume_from_checkpoint cannot be honoured: one line (or one line per changed setting) that says why."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = list(lines)
+        super().__init__("\n".join(self.lines))
+
+
+# ---------------------------------------------------------------------------------------------------- finding
+
+
+def is_complete(folder: str) -> bool:
+    """A checkpoint folder Trainer finished writing (trainer_state.json is among the last files it writes; with the
+    atomic writes here a `checkpoint-N` folder is complete anyway, but older or foreign ones may not be)."""
+    return os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME))
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The complete `checkpoint-N` folder of output_dir with the highest N; incomplete ones are skipped with a
+    warning, `tmp-checkpoint-*` folders (interrupted saves) are never considered."""
+    if not os.path.isdir(output_dir):
+        return None
+    found = []
+    for name in os.listdir(output_dir):
+        match = _CHECKPOINT_NAME.match(name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((int(match.group(1)), name))
+    for _, name in sorted(found, reverse=True):
+        folder = os.path.join(output_dir, name)
+        if is_complete(folder):
+            return folder
+        logger.warning(f"{folder} is incomplete (no {TRAINER_STATE_NAME}): not resumed from")
+    return None
+
+
+def resolve_resume(value, output_dir: str, source: str | None = None) -> str | None:
+    """The checkpoint folder `resume_from_checkpoint` designates (None: no resume), or ResumeError with one line."""
+    if value is None or value is False:
+        return None
+    text = "true" if value is True else str(value)
+    if text.strip().lower() in NO_RESUME:
+        return None
+    where = f"resume_from_checkpoint={text!r}" + (f" ({source})" if source and source != "default" else "")
+    if text.strip().lower() in LATEST:
+        latest = latest_checkpoint(output_dir)
+        if latest is None:
+            raise ResumeError(
+                [
+                    f"{where}: no complete checkpoint in output_dir {output_dir} (a checkpoint-N folder holding "
+                    f"{TRAINER_STATE_NAME}); leave resume_from_checkpoint unset to start afresh, or set output_dir to "
+                    "the run to resume"
+                ]
+            )
+        return latest
+    folder = text
+    if not os.path.exists(folder):
+        raise ResumeError([f"{where}: no such folder"])
+    if not os.path.isdir(folder):
+        raise ResumeError([f"{where}: not a folder; give a checkpoint folder (output_dir/checkpoint-N)"])
+    parent = os.path.basename(os.path.dirname(os.path.abspath(folder)))
+    if parent.startswith(STAGING_PREFIX):
+        raise ResumeError([f"{where}: an interrupted save, not a checkpoint; resume from a checkpoint-N folder"])
+    if not is_complete(folder):
+        inside = latest_checkpoint(folder)
+        hint = f"; did you mean {inside}?" if inside else ""
+        raise ResumeError([f"{where}: not a complete checkpoint (no {TRAINER_STATE_NAME}){hint}"])
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------- run record
+
+
+def run_record(values, sources=None, *, processes: int, processes_source: str = "default") -> dict:
+    """{field: {"value", "source"}} of the GUARDED_FIELDS, from resolved values (plus the number of processes)."""
+    from grpokit.config.parser import plain
+
+    sources = sources or {}
+    record = {}
+    for name in GUARDED_FIELDS:
+        if name == "num_processes":
+            record[name] = {"value": int(processes), "source": processes_source}
+        else:
+            record[name] = {"value": plain(values.get(name)), "source": sources.get(name, "default")}
+    return record
+
+
+def trainer_run_record(trainer) -> dict:
+    """The record of a trainer's run: its arguments, its model, its processes; sources from `trainer.config_sources`
+    (set by `grpokit train` from the resolution), else `GRPOConfig(...)` for the arguments given, `default` otherwise."""
+    from grpokit import models
+
+    args = trainer.args
+    values = {name: getattr(args, name, None) for name in GUARDED_FIELDS}
+    values["model_name_or_path"] = models.model_id(trainer.accelerator.unwrap_model(trainer.model))
+    sources = getattr(trainer, "config_sources", None)
+    if sources is None:
+        explicit = getattr(args, "_explicit_fields", frozenset())
+        sources = {name: "GRPOConfig(...)" if name in explicit else "default" for name in GUARDED_FIELDS}
+        for name in ("steps_per_generation", "generation_batch_size"):  # computed from the others unless given
+            sources[name] = "GRPOConfig(...)" if name in explicit else "derived"
+        sources["model_name_or_path"] = "GRPOTrainer(model=...)"
+        sources["num_processes"] = "WORLD_SIZE" if "WORLD_SIZE" in os.environ else "default"
+    return run_record(
+        values, sources, processes=args.world_size, processes_source=sources.get("num_processes", "default")
+    )
+
+
+def write_run_record(folder: str, record: dict) -> None:
+    import grpokit
+
+    with open(os.path.join(folder, RUN_FILE), "w", encoding="utf-8") as fh:
+        json.dump({"grpokit_version": grpokit.__version__, "fields": record}, fh, indent=2, default=str)
+        fh.write("\n")
+
+
+def read_run_record(checkpoint: str) -> dict | None:
+    path = os.path.join(checkpoint, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh).get("fields")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _same(name: str, old, new) -> bool:
+    if name == "beta":
+        return (old in (0, None)) == (new in (0, None))
+    if name == "model_name_or_path" and isinstance(old, str) and isinstance(new, str):
+        if old.rstrip("/") == new.rstrip("/"):
+            return True
+        return os.path.isdir(old) and os.path.isdir(new) and os.path.realpath(old) == os.path.realpath(new)
+    return old == new
+
+
+def resume_changes(checkpoint: str, record: dict) -> list[str]:
+    """One line per guarded setting that differs between the checkpoint's record and `record` (none when the
+    checkpoint has no record: one written before grpokit kept them, or by another trainer)."""
+    saved = read_run_record(checkpoint)
+    if saved is None:
+        return []
+    lines = []
+    for name in GUARDED_FIELDS:
+        if name not in saved or name not in record:
+            continue
+        old, new = saved[name], record[name]
+        if _same(name, old.get("value"), new.get("value")):
+            continue
+        line = (
+            f"{name}: {json.dumps(old.get('value'))} ({old.get('source', 'default')}) in the checkpoint, "
+            f"{json.dumps(new.get('value'))} ({new.get('source', 'default')}) now"
+        )
+        if name == "beta":
+            line += " (beta 0 trains without a reference model, any other value with one)"
+        lines.append(line)
+    return lines
+
+
+def refusal(checkpoint: str, changes: list[str], asked: str | None = None) -> list[str]:
+    """The lines that refuse a resume with changed settings: a summary, then one line per change. `asked`: how
+    resume_from_checkpoint was given, when it is not the checkpoint's path (e.g. "resume_from_checkpoint='true' (cli)")."""
+    how = f" ({asked})" if asked else ""
+    return [
+        f"resuming from {checkpoint}{how}: {len(changes)} setting(s) differ from those the checkpoint was "
+        "trained with (listed below); change them back, or set resume_allow_changes: true "
+        "(--resume_allow_changes) to resume anyway",
+        *(f"  {line}" for line in changes),
+    ]
+
+
+def check_resume(resolution) -> list[str]:
+    """For `grpokit train`, before anything loads: resolve resume_from_checkpoint into the training arguments (a
+    checkpoint folder, or None) and return the problem lines (none when there is nothing to refuse). Changes allowed
+    by resume_allow_changes are left to the trainer to warn about when it resumes."""
+    training_args = resolution.instances[1]
+    value = resolution.values.get("resume_from_checkpoint")
+    try:
+        checkpoint = resolve_resume(value, training_args.output_dir, resolution.sources.get("resume_from_checkpoint"))
+    except ResumeError as exc:
+        return exc.lines
+    training_args.resume_from_checkpoint = checkpoint
+    if checkpoint is None or training_args.resume_allow_changes:
+        return []
+    changes = resume_changes(
+        checkpoint,
+        run_record(
+            resolution.values,
+            resolution.sources,
+            processes=resolution.processes,
+            processes_source=processes_source(resolution),
+        ),
+    )
+    source = resolution.sources.get("resume_from_checkpoint", "default")
+    asked = f"resume_from_checkpoint={value!r}" + ("" if source == "default" else f", {source}")
+    return refusal(checkpoint, changes, asked) if changes else []
+
+
+def checkpoint_step(checkpoint: str | None) -> int | None:
+    """The global step a checkpoint was taken at (from its trainer_state.json); None without a readable one."""
+    if not checkpoint:
+        return None
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE_NAME), encoding="utf-8") as fh:
+            step = json.load(fh).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def processes_source(resolution) -> str:
+    """Where a resolution's number of processes comes from, in a few words."""
+    from grpokit.accelerate_presets import under_launcher
+
+    if resolution.launch is not None and not under_launcher():  # checked here for the launch it will start
+        return resolution.processes_how
+    return "WORLD_SIZE" if "WORLD_SIZE" in os.environ else "default"
+
+
+# ---------------------------------------------------------------------------------------------------- atomic saves
+
+
+def remove_interrupted_saves(run_dir: str) -> None:
+    """Delete the `tmp-checkpoint-*` folders that saves interrupted earlier left in run_dir."""
+    if not os.path.isdir(run_dir):
+        return
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if name.startswith(STAGING_PREFIX) and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish(folder: str, final: str) -> None:
+    """Rename the finished checkpoint `folder` to `final` (replacing an older folder of that name), then drop the
+    staging folder around it."""
+    staging = os.path.dirname(folder)
+    if not os.path.isdir(folder):  # another node sharing this file system published it already
+        return
+    replaced = None
+    if os.path.lexists(final):
+        replaced = f"{staging}-replaced"
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
+    os.rename(folder, final)
+    shutil.rmtree(staging, ignore_errors=True)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _repoint_best(trainer, run_dir: str, staging: str) -> bool:
+    """Trainer looked for the best checkpoint in the staging folder: point state.best_model_checkpoint at run_dir's,
+    as it would have. True when it changed."""
+    state, args = trainer.state, trainer.args
+    before = state.best_model_checkpoint
+    if args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST) and state.best_global_step:
+        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+        if state.best_global_step == state.global_step or os.path.isdir(best):
+            state.best_model_checkpoint = best
+    if state.best_model_checkpoint and os.path.abspath(state.best_model_checkpoint).startswith(
+        os.path.abspath(staging) + os.sep
+    ):
+        state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(state.best_model_checkpoint))
+    return state.best_model_checkpoint != before
+
+
+def atomic_checkpoint(save_checkpoint):
+    """Decorate a Trainer's `_save_checkpoint(model, trial)` so that the checkpoint appears complete or not at all.
+
+    While the decorated method runs, `trainer._get_output_dir()` answers the staging folder `run_dir/tmp-checkpoint-N`
+    (so Trainer and any override write `tmp-checkpoint-N/checkpoint-N`, which is what they compute as the checkpoint
+    folder) and pushes to the Hub are held back. Then grpokit_run.json is added, every process waits for the others,
+    the folder is renamed to `run_dir/checkpoint-N`, older checkpoints are rotated out and the held push is made.
+    """
+
+    @functools.wraps(save_checkpoint)
+    def save(trainer, model, trial):
+        args, step = trainer.args, trainer.state.global_step
+        run_dir = trainer._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        staging = os.path.join(run_dir, f"{STAGING_PREFIX}{step}")
+        if args.should_save:
+            remove_interrupted_saves(run_dir)
+        trainer.accelerator.wait_for_everyone()  # nobody writes into a staging folder being removed
+        held_pushes = []
+        trainer._get_output_dir = lambda trial=None: staging
+        trainer._push_from_checkpoint = held_pushes.append
+        try:
+            save_checkpoint(trainer, model, trial)
+        finally:
+            del trainer._get_output_dir, trainer._push_from_checkpoint
+        folder = os.path.join(staging, name)
+        best_moved = _repoint_best(trainer, run_dir, staging)
+        if args.should_save and os.path.isdir(folder):
+            if best_moved:
+                trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+            write_run_record(folder, trainer_run_record(trainer))
+        trainer.accelerator.wait_for_everyone()  # every process has written its files
+        final = os.path.join(run_dir, name)
+        if args.should_save:
+            _publish(folder, final)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=trainer.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        trainer.accelerator.wait_for_everyone()  # the checkpoint is in place for every process
+        if held_pushes:
+            trainer._push_from_checkpoint(final)
+
+    return save
