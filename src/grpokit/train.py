@@ -27,9 +27,24 @@ def _error(line: str) -> None:
 
 def run_train(argv) -> int:
     argv = list(argv)
-    if not argv or argv[0] == "--demo":
-        return run_demo(argv[1:] if argv else [])
-    return _train(argv, relaunch_argv=argv)
+    try:
+        if not argv or argv[0] == "--demo":
+            return run_demo(argv[1:] if argv else [])
+        return _train(argv, relaunch_argv=argv)
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Under a launcher, leave the process group before exiting: a group left to interpreter shutdown can abort the
+    process ("terminate called without an active exception") after training succeeded."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; a failed teardown must not hide the run's result
+            pass
 
 
 def run_demo(extra_args) -> int:
