@@ -130,3 +130,23 @@ def test_a_config_built_in_python_registers_its_token(tmp_path):
 
     GRPOConfig(str(tmp_path), hub_token="hf_PythonSideToken42", report_to="none")
     assert redact("x hf_PythonSideToken42 y") == "x <redacted> y"
+
+
+def test_completions_table_and_parquet_are_redacted(tmp_path, capsys):
+    """A completion (or prompt) that repeats a registered secret is neither printed nor written in clear."""
+    import pandas as pd
+
+    from grpokit.rollout.report import CompletionLog
+
+    secret = "hf_abcdefghijklmnop"
+    redaction.register(secret)
+    log = CompletionLog(4)
+    log.prompts.extend(["say the token", "2="])
+    log.completions.extend([f"it is {secret}", "2222"])
+    log.advantages.extend([0.5, -0.5])
+    log.rewards["r"] = [1.0, 0.0]
+    log._unreported = True
+    table = log.report(3, str(tmp_path), None, False)
+    assert secret not in table and secret not in capsys.readouterr().out and "<redacted>" in table
+    frame = pd.read_parquet(tmp_path / "completions" / "completions_00003.parquet")
+    assert list(frame["completion"]) == ["it is <redacted>", "2222"]

@@ -165,6 +165,9 @@ class CompletionLog:
             unique_prompts=unique_prompts,
             extra=extra,
         )
+        from grpokit.config.redaction import redact
+
+        table = redact(table)  # a secret the policy or a prompt repeats is not printed or written
         print(table)
         self._write_parquet(
             step, output_dir, rewards, extra, select_rows(prompts, None, unique_prompts=unique_prompts)
@@ -174,8 +177,10 @@ class CompletionLog:
     def _write_parquet(self, step, output_dir, rewards, extra, rows):
         import pandas as pd
 
+        from grpokit.config.redaction import redact
+
         def text(value):
-            return value if isinstance(value, str) else json.dumps(value)
+            return redact(value if isinstance(value, str) else json.dumps(value))
 
         n = len(self.prompts)
         columns = {
@@ -183,7 +188,7 @@ class CompletionLog:
             "prompt": [text(p) for p in self.prompts],
             "completion": [text(c) for c in self.completions],
             **rewards,
-            **{k: [str(v) for v in values] for k, values in extra.items()},
+            **{k: [redact(str(v)) for v in values] for k, values in extra.items()},
             "advantage": list(self.advantages),
         }
         frame = pd.DataFrame({k: v for k, v in columns.items() if len(v) == n}).iloc[rows]
