@@ -235,6 +235,28 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     return 0
 
 
+def _local_path_problems(path: str) -> list[str]:
+    """A model path written as a local one (absolute, ./, ../, ~) must be a folder: said here, with the nearest
+    sibling folder, instead of transformers trying the hub with it ("Repo id must use alphanumeric chars")."""
+    if not path.startswith(("/", "./", "../", "~")) and os.sep + ".." not in path:
+        return []
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        return []
+    from grpokit.config.suggest import closest
+
+    parent = os.path.dirname(expanded.rstrip(os.sep)) or "."
+    siblings = (
+        sorted(d for d in os.listdir(parent) if os.path.isdir(os.path.join(parent, d)))
+        if os.path.isdir(parent)
+        else []
+    )
+    near = closest(os.path.basename(expanded.rstrip(os.sep)), siblings)
+    hint = f"; did you mean {os.path.join(os.path.dirname(path.rstrip(os.sep)), near)!r}?" if near else ""
+    what = "is a file, not a model folder" if os.path.exists(expanded) else "does not exist"
+    return [f"model_name_or_path={path!r}: {what}{hint}"]
+
+
 def check_train_args(argv):
     """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
     the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
@@ -258,6 +280,8 @@ def check_train_args(argv):
     problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
     if not model_args.model_name_or_path:
         problems.append("model_name_or_path is not set: give a local model directory or a hub id")
+    else:
+        problems += _local_path_problems(model_args.model_name_or_path)
     if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
         problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
     if not script_args.dataset_name and not mixture.datasets:

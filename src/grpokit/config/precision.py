@@ -45,6 +45,49 @@ def hardware_problems(values) -> list[str]:
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
     if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not installed("bitsandbytes"):
         problems.append("load_in_4bit/load_in_8bit: bitsandbytes is not installed")
+    problems += _integration_problems(values)
+    return problems
+
+
+# report_to name -> (a module it needs, the pip package)
+_REPORTERS = {
+    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+    "wandb": (("wandb",), "wandb"),
+    "mlflow": (("mlflow",), "mlflow"),
+    "comet_ml": (("comet_ml",), "comet-ml"),
+    "clearml": (("clearml",), "clearml"),
+    "codecarbon": (("codecarbon",), "codecarbon"),
+    "dvclive": (("dvclive",), "dvclive"),
+    "neptune": (("neptune",), "neptune"),
+    "trackio": (("trackio",), "trackio"),
+    "swanlab": (("swanlab",), "swanlab"),
+    "azure_ml": (("azureml",), "azureml-core"),
+    "dagshub": (("dagshub",), "dagshub"),
+    "flyte": (("flytekit",), "flytekit"),
+}
+
+
+def _integration_problems(values) -> list[str]:
+    """Packages the configuration names that are not installed: a report_to integration, flash attention, Liger
+    kernels (each would fail only after the model has loaded)."""
+    from .rules import report_to_names
+
+    problems = []
+    for name in report_to_names(values.get("report_to")):
+        modules, package = _REPORTERS.get(name, ((), None))
+        if package and not any(installed(m) for m in modules):
+            problems.append(
+                f"report_to={name!r}: {package} is not installed (pip install {package}, or report_to: none)"
+            )
+    attention = values.get("attn_implementation") or (values.get("model_init_kwargs") or {}).get("attn_implementation")
+    if attention in ("flash_attention_2", "flash_attention_3"):
+        module = "flash_attn" if attention == "flash_attention_2" else "flash_attn_interface"
+        if not installed(module) or not cuda_available():
+            problems.append(
+                f"attn_implementation={attention!r}: needs a CUDA GPU and the flash-attn package; use 'sdpa' (or unset it)"
+            )
+    if values.get("use_liger_kernel") and not installed("liger_kernel"):
+        problems.append("use_liger_kernel=True: liger-kernel is not installed (pip install liger-kernel)")
     return problems
 
 

@@ -185,6 +185,39 @@ def type_problems(values: dict[str, Any], cls) -> tuple[dict[str, Any], list[Pro
     return coerced, problems
 
 
+def report_to_names(value) -> list[str]:
+    """The integrations `report_to` names (a name, a comma-separated string or a list); "all"/"none" as given."""
+    if value is None:
+        return []
+    names = value.split(",") if isinstance(value, str) else list(value)
+    return [str(n).strip() for n in names if str(n).strip()]
+
+
+def _report_to_problems(value) -> list[Problem]:
+    """A `report_to` name transformers does not know is refused here, with "did you mean" (transformers would only
+    fail once the model has loaded)."""
+    try:
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    except ImportError:  # pragma: no cover - an older transformers: nothing to compare with
+        return []
+    from .suggest import closest
+
+    known = sorted(INTEGRATION_TO_CALLBACK) + ["all", "none"]
+    problems = []
+    for name in report_to_names(value):
+        if name not in known:
+            near = closest(name, known)
+            problems.append(
+                Problem(
+                    "report_to",
+                    f"{name!r} is not an integration transformers knows ({', '.join(known)})",
+                    value,
+                    f"did you mean {near!r}?" if near else "use one of those",
+                )
+            )
+    return problems
+
+
 def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None) -> list[Problem]:
     """Rules that need only the values themselves (ranges and combinations of fields), every problem at once."""
     defaults = defaults or {}
@@ -214,6 +247,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
         )
     if get("fp16") and get("bf16"):
         problems.append(Problem("bf16", "fp16 and bf16 cannot both be true", True, "keep one of them"))
+    problems += _report_to_problems(get("report_to"))
     lo, hi = get("entropy_coef_min"), get("entropy_coef_max")
     if _num(lo) and _num(hi) and lo > hi:
         problems.append(Problem("entropy_coef_min", f"must be <= entropy_coef_max ({hi})", lo, f"nearest valid: {hi}"))
