@@ -4,48 +4,15 @@ the two replicas stay identical."""
 
 import json
 import os
-import subprocess
-import sys
 
-HERE = os.path.dirname(__file__)
-WORKER = os.path.join(HERE, "_nan_guard_worker.py")
-LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+from _launch import launch_two_cpu_processes, write_recipe
+
+WORKER = os.path.join(os.path.dirname(__file__), "_nan_guard_worker.py")
 
 
 def test_a_nan_loss_on_one_process_skips_the_step_on_every_process(tmp_path):
-    from grpokit.tiny import save_tiny
-
-    rows = [{"prompt": f"{i}+{i}="} for i in range(8)]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recipe = {
-        "model_name_or_path": str(save_tiny(tmp_path / "tiny")),
-        "dataset_name": str(tmp_path / "data.jsonl"),
-        "reward_funcs": ["_nan_guard_worker.length_reward"],
-        "num_generations": 2,
-        "per_device_train_batch_size": 2,
-        "max_completion_length": 8,
-        "max_steps": 3,
-        "learning_rate": 1.0e-2,
-        "logging_steps": 1,
-        "gradient_checkpointing": False,
-        "bf16": False,
-        "report_to": "none",
-        "save_strategy": "no",
-        "output_dir": str(tmp_path / "run"),
-    }
-    (tmp_path / "recipe.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in recipe.items()))
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        ACCELERATE_USE_CPU="true",
-        PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")])),  # the worker's reward
-    )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no"]
-    command += ["--dynamo_backend", "no", WORKER, str(tmp_path / "recipe.yaml")]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    recipe = write_recipe(tmp_path, "_nan_guard_worker.length_reward", max_steps=3, learning_rate=1.0e-2)
+    result = launch_two_cpu_processes(WORKER, recipe, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
     ranks = [json.loads((tmp_path / f"result-rank{rank}.json").read_text()) for rank in (0, 1)]

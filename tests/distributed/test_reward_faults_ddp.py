@@ -2,58 +2,22 @@
 process with the message: no process is left waiting in a collective, each exits non-zero, and process 0 (which saves
 the weights) names the reward function."""
 
-import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
+from _launch import launch_two_cpu_processes, write_recipe
 
 import grpokit
 
-HERE = os.path.dirname(__file__)
-WORKER = os.path.join(HERE, "_reward_fault_worker.py")
-LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+WORKER = os.path.join(os.path.dirname(__file__), "_reward_fault_worker.py")
 
 
 def launch(tmp_path, reward: str, **overrides) -> tuple[subprocess.CompletedProcess, float]:
-    from grpokit.tiny import save_tiny
-
-    rows = [{"prompt": f"{i}+{i}="} for i in range(8)]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    recipe = {
-        "model_name_or_path": save_tiny(tmp_path / "tiny"),
-        "dataset_name": str(tmp_path / "data.jsonl"),
-        "reward_funcs": [f"_reward_fault_worker.{reward}"],
-        "num_generations": 2,
-        "per_device_train_batch_size": 2,
-        "max_completion_length": 8,
-        "max_steps": 2,
-        "logging_steps": 1,
-        "gradient_checkpointing": False,
-        "bf16": False,
-        "report_to": "none",
-        "save_strategy": "no",
-        "output_dir": str(tmp_path / "run"),
-        **overrides,
-    }
-    (tmp_path / "recipe.yaml").write_text(
-        "".join(f"{k}: {json.dumps(str(v) if k.endswith('path') else v)}\n" for k, v in recipe.items())
-    )
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        ACCELERATE_USE_CPU="true",
-        PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")])),
-    )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no"]
-    command += ["--dynamo_backend", "no", WORKER, str(tmp_path / "recipe.yaml")]
+    recipe = write_recipe(tmp_path, f"_reward_fault_worker.{reward}", max_steps=2, **overrides)
     start = time.monotonic()
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = launch_two_cpu_processes(WORKER, recipe, cwd=tmp_path, timeout=120)
     return result, time.monotonic() - start
 
 
