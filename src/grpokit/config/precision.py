@@ -49,22 +49,8 @@ def hardware_problems(values) -> list[str]:
     return problems
 
 
-# report_to name -> (a module it needs, the pip package)
-_REPORTERS = {
-    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
-    "wandb": (("wandb",), "wandb"),
-    "mlflow": (("mlflow",), "mlflow"),
-    "comet_ml": (("comet_ml",), "comet-ml"),
-    "clearml": (("clearml",), "clearml"),
-    "codecarbon": (("codecarbon",), "codecarbon"),
-    "dvclive": (("dvclive",), "dvclive"),
-    "neptune": (("neptune",), "neptune"),
-    "trackio": (("trackio",), "trackio"),
-    "swanlab": (("swanlab",), "swanlab"),
-    "azure_ml": (("azureml",), "azureml-core"),
-    "dagshub": (("dagshub",), "dagshub"),
-    "flyte": (("flytekit",), "flytekit"),
-}
+# report_to names whose pip package is not the name itself
+_PIP_PACKAGE = {"comet_ml": "comet-ml", "azure_ml": "azureml-core", "flyte": "flytekit"}
 
 
 def _integration_problems(values) -> list[str]:
@@ -73,9 +59,15 @@ def _integration_problems(values) -> list[str]:
     from .rules import report_to_names
 
     problems = []
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    available = set(get_available_reporting_integrations())
     for name in report_to_names(values.get("report_to")):
-        modules, package = _REPORTERS.get(name, ((), None))
-        if package and not any(installed(m) for m in modules):
+        if name in INTEGRATION_TO_CALLBACK and name not in available:  # unknown names are a config error (rules.py)
+            package = _PIP_PACKAGE.get(name, name)
             problems.append(
                 f"report_to={name!r}: {package} is not installed (pip install {package}, or report_to: none)"
             )
