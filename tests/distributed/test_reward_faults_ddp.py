@@ -48,7 +48,9 @@ def test_a_reward_failing_on_one_process_stops_every_process(tmp_path, reward, o
     assert f"error: {message}" in "\n".join(lines), result.stderr[-3000:]
     (on_0,) = [line for line in lines if "(on process 1 of 2)" in line]
     assert on_0.startswith(f"error: {message}") and on_0.endswith(f"(weights at step 0 saved to {saved})")
-    assert len(lines) == 2, lines
+    # Exactly two error messages. Counted in the whole stream: both processes write to one pipe, and a line written
+    # while the other process writes can land mid-line (seen once in CI).
+    assert result.stderr.count("error: ") == 2, lines
     assert (saved / "model.safetensors").is_file()
     # The only traceback is the launcher's own report of a non-zero exit; none comes from grpokit or the worker.
     assert f'File "{os.path.dirname(grpokit.__file__)}' not in result.stderr and f'File "{WORKER}' not in result.stderr
