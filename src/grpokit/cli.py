@@ -73,15 +73,21 @@ def _error(line: str) -> None:
     print(f"error: {redact(line)}", file=sys.stderr)
 
 
-def _resolve(args):
+def _resolve(args, *, import_rewards: bool = False):
     """Resolve the default dataclasses (and the launch options) from `args`; (resolution, None) or (None, exit code)
-    after printing."""
+    after printing. `import_rewards`: import dotted reward paths and call factories (user code) while checking."""
     from grpokit.config.parser import TrlParser
     from grpokit.config.redaction import redact
     from grpokit.config.rules import ConfigError
 
     try:
-        resolution = TrlParser().resolve(args, launch_options=True)
+        parser = TrlParser()
+        parser.import_rewards = import_rewards
+        if import_rewards:
+            from grpokit.rewards.registry import working_directory_first
+
+            working_directory_first()
+        resolution = parser.resolve(args, launch_options=True)
     except ConfigError as exc:
         for problem in exc.problems:
             _error(problem.line())
@@ -134,7 +140,9 @@ def _config(args) -> int:
         return 2
     show_all = "--all" in rest
     rest = [a for a in rest if a != "--all"]
-    resolution, code = _resolve(rest)
+    import_rewards = sub == "validate" and "--import-rewards" in rest  # runs the rewards' module code: asked only
+    rest = [a for a in rest if a != "--import-rewards"] if sub == "validate" else rest
+    resolution, code = _resolve(rest, import_rewards=import_rewards)
     if resolution is None:
         return code
     for note in resolution.notes:

@@ -296,7 +296,9 @@ def _resolve_rewards(script_args, training_args) -> list:
     rewards = []
     if script_args.reward_model_name_or_path:
         rewards.append(script_args.reward_model_name_or_path)
-    sys.path.insert(0, os.getcwd())  # dotted paths to the user's own modules, as TRL's script allows
+    from grpokit.rewards.registry import working_directory_first
+
+    working_directory_first()  # dotted paths to the user's own modules, as TRL's script allows
     for spec in script_args.reward_funcs or []:
         rewards.append(resolve_reward(spec, defaults=reward_defaults(vars(training_args))))
     return rewards

@@ -82,6 +82,10 @@ class TrlParser(HfArgumentParser):
     returns the instances. Bad input prints one line per problem and exits with status 2, like argparse does.
     """
 
+    # Whether resolving imports the modules of dotted reward paths and calls reward factories. Off: a configuration
+    # runs no user code while it is checked (`grpokit config ...`); training imports them when it starts.
+    import_rewards: bool = False
+
     def __init__(self, dataclass_types=None, **kwargs):
         if dataclass_types is None:
             dataclass_types = DEFAULT_TYPES
@@ -305,7 +309,7 @@ class TrlParser(HfArgumentParser):
             _, geometry = check_geometry(values, processes)
             problems += geometry
             if any(issubclass(t, GRPOScriptArguments) for t in self.dataclass_types):
-                problems += reward_problems(values)
+                problems += reward_problems(values, import_code=self.import_rewards)
         return problems
 
 
@@ -468,8 +472,10 @@ def reward_defaults(values) -> dict:
     return {"max_completion_len": max_len, "soft_punish_cache": max(1, max_len // 4) if max_len else None}
 
 
-def reward_problems(values) -> list[Problem]:
-    """Across dataclasses: every reward resolves, and reward_weights has one weight per reward."""
+def reward_problems(values, *, import_code: bool = False) -> list[Problem]:
+    """Across dataclasses: every reward resolves, and reward_weights has one weight per reward. Without
+    `import_code`, dotted reward paths are checked without importing them: a configuration runs no user code until
+    training starts (or `grpokit config validate --import-rewards`)."""
     problems = []
     funcs = values.get("reward_funcs") or []
     try:
@@ -478,7 +484,7 @@ def reward_problems(values) -> list[Problem]:
         check_reward_spec = None
     if check_reward_spec is not None:
         for i, spec in enumerate(funcs):
-            message = check_reward_spec(spec, defaults=reward_defaults(values))
+            message = check_reward_spec(spec, defaults=reward_defaults(values), import_code=import_code)
             if message:
                 problems.append(Problem("reward_funcs", f"entry {i}: {message}"))
     weights = values.get("reward_weights")

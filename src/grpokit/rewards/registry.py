@@ -5,7 +5,11 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -277,14 +281,58 @@ def _resolve_name(name: str, label: str, kwargs: dict, defaults: Mapping, *, fro
     return _named(_bind(obj, kwargs), name.rsplit(".", 1)[-1], label)
 
 
-def check_reward_spec(spec: Any, *, defaults: Mapping[str, Any] | None = None) -> str | None:
+def working_directory_first() -> None:
+    """Put the working directory first on `sys.path`, where dotted reward paths are looked up: the same under
+    `python -m grpokit` (which does it already) and the `grpokit` console script (which would not)."""
+    cwd = os.getcwd()
+    if sys.path[:1] != [cwd]:
+        sys.path[:] = [cwd] + [p for p in sys.path if p not in (cwd, "")]
+
+
+def _find_module_without_import(name: str) -> bool:
+    """Whether the top-level module `name` can be found (working directory first, then `sys.path`), without running
+    any of its code: module finders only look for files."""
+    if name in sys.modules or importlib.machinery.PathFinder.find_spec(name, [os.getcwd()]) is not None:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None  # a top-level name: no parent package gets imported
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_without_import(spec: Any, defaults: Mapping[str, Any]) -> str | None:
+    """`check_reward_spec` without running user code: built-in names resolve in full (their code is grpokit's); a
+    dotted path is checked for its syntax and for its top-level module being findable, never imported or called."""
+    name = spec.get("name") if isinstance(spec, Mapping) else spec
+    if isinstance(spec, Mapping):
+        unknown = [k for k in spec if k not in _SPEC_KEYS]
+        kwargs = spec.get("kwargs")
+        if unknown or not isinstance(name, str) or not name or not isinstance(kwargs, (Mapping, type(None))):
+            return check_reward_spec(spec, defaults=defaults, import_code=True)  # shape errors only: nothing to import
+    if not isinstance(name, str) or "." not in name:
+        return check_reward_spec(spec, defaults=defaults, import_code=True)  # built-in name, or not a name at all
+    parts = name.split(".")
+    if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+        return f"reward {_label(spec)}: not a valid dotted path 'package.module.function'"
+    if not _find_module_without_import(parts[0]):
+        hint = _did_you_mean(parts[-1], reward_names())
+        return f"reward {_label(spec)}: no module named {parts[0]!r} in the working directory or on sys.path{hint}"
+    return None
+
+
+def check_reward_spec(spec: Any, *, defaults: Mapping[str, Any] | None = None, import_code: bool = True) -> str | None:
     """None if `spec` resolves (see `resolve_reward`), else a one-line message naming the spec and what is wrong.
+
+    `import_code=False` runs no user code (what `grpokit config ...` does): a dotted path is only checked for its
+    syntax and that its top-level module exists; importing it and calling factories is left to training.
 
     >>> check_reward_spec("acuracy")
     "reward 'acuracy': unknown reward name; did you mean 'accuracy'?"
     >>> check_reward_spec({"name": "cosine", "kwargs": {"max_lenght": 100}}) is not None
     True
     """
+    if not import_code:
+        return _check_without_import(spec, defaults or {})
     try:
         resolve_reward(spec, defaults=defaults)
     except Exception as e:
