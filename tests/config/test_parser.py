@@ -492,3 +492,21 @@ def test_recipe_does_not_apply_twice_through_the_parser():
     assert config.epsilon_high == 0.28001 and config.loss_type == "dapo"
     (config,) = TrlParser(GRPOConfig).parse_args_and_config(["--recipe", "dapo", "--loss_type", "grpo"])
     assert config.loss_type == "grpo"
+
+
+def test_repeated_list_flag_extends_the_list():
+    from grpokit.config.parser import TrlParser
+
+    resolution = TrlParser().resolve(["--reward_funcs", "format", "--reward_funcs", "tag_count", "length"])
+    assert resolution.values["reward_funcs"] == ["format", "tag_count", "length"]
+    assert resolution.sources["reward_funcs"] == "cli"
+
+
+def test_repeated_scalar_flag_keeps_the_last_value_with_a_warning():
+    from grpokit.config.parser import TrlParser
+
+    resolution = TrlParser().resolve(["--learning_rate", "1e-5", "--learning_rate", "2e-6"])
+    assert resolution.values["learning_rate"] == 2e-6
+    assert "--learning_rate is given more than once; the last value (2e-6) is used" in resolution.warnings
+    same = TrlParser().resolve(["--output_dir", "x", "--output_dir", "x"])  # the same value twice: nothing to say
+    assert not [w for w in same.warnings if "more than once" in w]

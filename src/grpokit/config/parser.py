@@ -161,6 +161,7 @@ class TrlParser(HfArgumentParser):
             field_tokens, owners, allow_remaining, LAUNCH_KEYS if launch_options else ()
         )
         report.problems += cli_problems
+        report.warnings += self._repeated
         report.remaining += cli_remaining
         layers.insert(1 + len(yaml_layers), (lambda key: "cli", cli_values))
         raw = _merge_layers(layers, owners, allow_remaining, report, LAUNCH_KEYS if launch_options else ())
@@ -236,6 +237,7 @@ class TrlParser(HfArgumentParser):
         """Command-line tokens -> {field: value or list of strings}, problems, remaining strings. `extra_names`
         are other flags this command line knows (offered by "did you mean")."""
         values, problems, remaining = {}, [], []
+        self._repeated = []  # warnings: scalar flags given more than once
         i = 0
         while i < len(tokens):
             token = tokens[i]
@@ -287,7 +289,8 @@ class TrlParser(HfArgumentParser):
             elif _is_list(tp):
                 if not given:
                     problems.append(Problem(f"--{name}", "expects at least one value", source="cli"))
-                values[name] = given
+                # A repeated list flag extends the list: `--reward_funcs a --reward_funcs b` is `--reward_funcs a b`.
+                values[name] = values[name] + given if isinstance(values.get(name), list) else given
             elif not given:
                 if tp is not None and _is_bool(tp):
                     values[name] = True
@@ -298,6 +301,8 @@ class TrlParser(HfArgumentParser):
                     Problem(f"--{name}", f"expects one value, got {len(given)}", " ".join(given), source="cli")
                 )
             else:
+                if name in values and values[name] != given[0]:  # argparse's rule: the last one wins, said aloud
+                    self._repeated.append(f"--{name} is given more than once; the last value ({given[0]}) is used")
                 values[name] = given[0]
             i = j
         return values, problems, remaining
