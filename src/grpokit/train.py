@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from grpokit.records import RunRecorder
+from grpokit.records import RunRecorder, closing_message, library_progress_bars
 
 
 def _error(line: str) -> None:
@@ -23,6 +23,8 @@ def _error(line: str) -> None:
 
 def run_train(argv) -> int:
     argv = list(argv)
+    # One progress line per log, none of the libraries' tqdm bars between them (see library_progress_bars).
+    library_progress_bars()
     try:
         if not argv or argv[0] == "--demo":
             return run_demo(argv[1:] if argv else [])
@@ -44,7 +46,7 @@ def _close_process_group() -> None:
 
 
 def run_demo(extra_args) -> int:
-    from grpokit.demo import demo_config_path, prepare_demo
+    from grpokit.demo import demo_config_path, make_demo_dir, prepare_demo
 
     out = "grpokit-demo"
     for i, arg in enumerate(extra_args):
@@ -62,7 +64,7 @@ def run_demo(extra_args) -> int:
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     state = PartialState(cpu=cpu and not deepspeed, **({"backend": "gloo"} if cpu and deepspeed else {}))
     with state.local_main_process_first():
-        os.makedirs(out, exist_ok=True)
+        make_demo_dir(out)
         model_dir, data_path = prepare_demo(out)
     from grpokit.accelerate_presets import take_launch_flags, under_launcher
 
@@ -78,6 +80,8 @@ def run_demo(extra_args) -> int:
         data_path,
         "--output_dir",
         out,
+        "--overwrite_output_dir",  # the demo's folder is grpokit's: a second demo replaces the first
+        "true",
         *extra_args,
     ]
     return _train(args, demo=True, relaunch_argv=["--demo", *extra_args])
@@ -131,6 +135,35 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
             "by a launcher already",
             file=sys.stderr,
         )
+    return _train_here(resolution, demo=demo)
+
+
+def _train_here(resolution, *, demo: bool) -> int:
+    """Train in this process. The writing process (process 0) holds output_dir's lock for the whole run; a folder
+    this start made is removed again when the run ends before anything was written into it."""
+    from grpokit.run_dir import RunDirError, RunLock
+
+    training_args = resolution.instances[1]
+    out = training_args.output_dir
+    made = not os.path.exists(out)
+    lock = RunLock(out)
+    if training_args.process_index == 0:
+        try:
+            lock.acquire()
+        except (RunDirError, OSError) as exc:
+            _error(str(exc))
+            return 2
+        if lock.stale:
+            print(f"warning: took over the lock of {out} left by {lock.stale}, which has ended", file=sys.stderr)
+    try:
+        return _load_and_train(resolution, demo=demo)
+    finally:
+        lock.release()
+        if made and training_args.process_index == 0 and os.path.isdir(out) and not os.listdir(out):
+            os.rmdir(out)
+
+
+def _load_and_train(resolution, *, demo: bool) -> int:
     script_args, training_args, model_args, mixture = resolution.instances
 
     from grpokit.data import DataError, load_train_eval
@@ -145,10 +178,6 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
         return 2
 
     _finish_model_kwargs(training_args, model_args)
-    os.makedirs(training_args.output_dir, exist_ok=True)
-    if training_args.process_index == 0:
-        _write_resolved_config(resolution, training_args.output_dir)
-
     from grpokit.checkpoints import checkpoint_step
     from grpokit.generation import GenerationError
     from grpokit.trainer import GRPOTrainer
@@ -185,33 +214,37 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    from grpokit.nan_guard import NonFiniteTrainingError, NonFiniteWeightsError
-    from grpokit.rollout.rewards import RewardError
+    from grpokit.stopping import GracefulStop
 
+    stop = GracefulStop(announce=trainer.is_world_process_zero())
+    trainer.add_callback(stop)
+    resuming = training_args.resume_from_checkpoint is not None
+    if training_args.process_index == 0:  # every check passed and the model loaded: now the folder is written
+        if training_args.overwrite_output_dir and not resuming:
+            from grpokit.run_dir import clear_previous_run
+
+            cleared = clear_previous_run(training_args.output_dir)
+            if cleared:
+                print(f"overwrite_output_dir: removed the previous run's {', '.join(cleared)}", file=sys.stderr)
+        _write_resolved_config(resolution, training_args.output_dir)
+    stop.install()
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    except (RewardError, GenerationError, NonFiniteTrainingError, KeyboardInterrupt) as exc:
-        # Nothing trained so far is lost: the weights are saved beside the run before stopping (never non-finite
-        # ones: save_model refuses those; after NonFiniteTrainingError they are the last finite ones).
-        saved = os.path.join(training_args.output_dir, f"interrupted-step-{trainer.state.global_step}")
-        reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else " ".join(str(exc).split())
-        try:
-            trainer.save_model(saved)
-        except NonFiniteWeightsError as refusal:
-            _error(f"{reason} ({refusal})")
-            return 1
-        if isinstance(exc, RewardError):
-            # Every process raises a reward failure together (see produce_rollout); none may exit, and so have the
-            # launcher stop the others, before process 0 has written the weights.
-            trainer.accelerator.wait_for_everyone()
-        if isinstance(exc, NonFiniteTrainingError):
-            _error(f"{exc.summary}; the last finite weights ({exc.weights}) are saved to {saved}")
-        else:
-            _error(f"{reason} (weights at step {trainer.state.global_step} saved to {saved})")
-        return 1
-    except NonFiniteWeightsError as exc:  # a checkpoint refused
-        _error(str(exc))
-        return 1
+    except BaseException as exc:  # noqa: BLE001 - every failure saves what was trained, then reports
+        stop.uninstall()
+        return _after_failure(trainer, training_args, exc, first_step=recorder.first_step)
+    finally:
+        stop.uninstall()
+    from grpokit.nan_guard import NonFiniteWeightsError
+
+    if stop.stopped_at is not None:
+        if trainer.is_world_process_zero():
+            checkpoint = os.path.join(training_args.output_dir, f"checkpoint-{stop.stopped_at}")
+            _error(
+                f"{stop.signal_name}: stopped after step {stop.stopped_at}; checkpoint saved to {checkpoint} "
+                "(continue with --resume_from_checkpoint true)"
+            )
+        return stop.exit_code
     try:
         trainer.save_model(training_args.output_dir)
     except NonFiniteWeightsError as exc:
@@ -222,13 +255,85 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
 
         plot = plot_run(training_args.output_dir)
         out = training_args.output_dir
-        print(
-            f"\nmodel and tokenizer: {out}/\nresolved config:     {out}/resolved_config.yaml\n"
-            f"metrics:             {out}/metrics.jsonl\nreward curve:        {plot}"
-        )
+        print(closing_message(out, plot, adapter=bool(model_args.use_peft)))  # a PEFT run saves the adapter only
         if demo:
             _demo_verdict(out)
     return 0
+
+
+def _after_failure(trainer, training_args, exc: BaseException, *, first_step) -> int:
+    """Training stopped on `exc` (a reward or generation failure, non-finite training, a second Ctrl-C/SIGTERM, a
+    full disk, or anything unexpected): save what this run trained, never non-finite weights, then say why in one
+    line. Only the process that writes says where; every process returns non-zero."""
+    import traceback
+
+    from grpokit.checkpoints import latest_checkpoint
+    from grpokit.generation import GenerationError
+    from grpokit.nan_guard import NonFiniteTrainingError, NonFiniteWeightsError
+    from grpokit.rollout.rewards import RewardError
+    from grpokit.run_dir import is_disk_full
+    from grpokit.sharding import is_sharded
+
+    out, step = training_args.output_dir, trainer.state.global_step
+    writer = trainer.is_world_process_zero()
+    code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    last = latest_checkpoint(out)
+    resume = f"; the last checkpoint is {last} (--resume_from_checkpoint true)" if last else ""
+    if is_disk_full(exc):
+        if writer:
+            _remove_staged_checkpoints(out)
+            _error(f"disk full at step {step}: the checkpoint being written was removed{resume}; free some space")
+        return 1
+    if isinstance(exc, NonFiniteWeightsError):  # a checkpoint refused
+        _error(str(exc))
+        return 1
+    known = (RewardError, GenerationError, NonFiniteTrainingError, KeyboardInterrupt)
+    reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else " ".join(str(exc).split())
+    if not isinstance(exc, known):
+        traceback.print_exception(exc)  # a bug, not a bad input: its traceback, then the line below
+        reason = f"{type(exc).__name__}: {reason}"
+    if isinstance(exc, NonFiniteTrainingError):
+        reason = exc.summary
+    if first_step is None or step <= first_step:
+        _error(f"{reason} (no step was trained: nothing saved{resume})")
+        return code
+    # Under ZeRO-3/FSDP every process must take part in a save; after a failure of one process alone (anything but a
+    # reward failure or non-finite training, which every process raises together) the others are elsewhere.
+    together = isinstance(exc, (RewardError, NonFiniteTrainingError)) or training_args.world_size == 1
+    if is_sharded(trainer.model) and not together:
+        _error(f"{reason} (weights at step {step} not saved: the processes of a sharded run save together{resume})")
+        return code
+    saved = os.path.join(out, f"interrupted-step-{step}")
+    try:
+        trainer.save_model(saved)  # writes on the saving process only (all of them take part when sharded)
+    except NonFiniteWeightsError as refusal:
+        _error(f"{reason} ({refusal}{resume})")
+        return code
+    except Exception as failure:  # noqa: BLE001 - the save itself failed (disk full, ...): say so, keep the cause
+        _error(f"{reason}; saving the weights failed too: {' '.join(str(failure).split())[:300]}{resume}")
+        return code
+    if isinstance(exc, RewardError):
+        # Every process raises a reward failure together (see produce_rollout); none may exit, and so have the
+        # launcher stop the others, before process 0 has written the weights.
+        trainer.accelerator.wait_for_everyone()
+    if not writer:
+        _error(reason)
+    elif isinstance(exc, NonFiniteTrainingError):
+        _error(f"{exc.summary}; the last finite weights ({exc.weights}) are saved to {saved}")
+    else:
+        _error(f"{reason} (weights at step {step} saved to {saved}{resume})")
+    return code
+
+
+def _remove_staged_checkpoints(output_dir: str) -> None:
+    """Remove `tmp-checkpoint-*` folders: a checkpoint write that failed; complete checkpoints are never touched."""
+    import shutil
+
+    from grpokit.checkpoints import STAGING_PREFIX
+
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
+        if name.startswith(STAGING_PREFIX):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
 def _local_path_problems(path: str) -> list[str]:
@@ -285,6 +390,15 @@ def check_train_args(argv):
     # resume_from_checkpoint: true/last -> the latest complete checkpoint; a missing one, or settings changed since
     # the checkpoint (batch geometry, processes, num_generations, loss_type, beta, model), refused here.
     problems += check_resume(resolution)
+    if training_args.process_index == 0:  # the other processes of a launch leave the folder to process 0
+        from grpokit.run_dir import checkpoint_bytes, output_dir_problems
+
+        problems += output_dir_problems(
+            training_args.output_dir,
+            resuming=str(training_args.resume_from_checkpoint or "").lower() not in ("", "false"),
+            overwrite=bool(training_args.overwrite_output_dir),
+            checkpoint_bytes=checkpoint_bytes(resolution.values),
+        )
     return resolution, problems
 
 
@@ -300,7 +414,7 @@ def _resolve_rewards(script_args, training_args) -> list:
 
     working_directory_first()  # dotted paths to the user's own modules, as TRL's script allows
     for spec in script_args.reward_funcs or []:
-        rewards.append(resolve_reward(spec, defaults=reward_defaults(vars(training_args))))
+        rewards.append(resolve_reward(spec, defaults=reward_defaults({**vars(script_args), **vars(training_args)})))
     return rewards
 
 
@@ -344,8 +458,73 @@ def _peft_config(model_args):
     )
 
 
+# Path-valued fields: outputs are made absolute always, inputs only when they exist on disk (else a hub id or name).
+_OUTPUT_PATHS = ("output_dir", "logging_dir")
+_INPUT_PATHS = (
+    "model_name_or_path",
+    "reward_model_name_or_path",
+    "dataset_name",
+    "resume_from_checkpoint",
+    "deepspeed",
+    "fsdp_config",
+)
+
+
+def _absolute(value, *, must_exist: bool = True):
+    """A relative path made absolute (from the current directory); anything else (a hub id, a split name, an absolute
+    path, a non-string) as it is."""
+    if not isinstance(value, str) or not value or os.path.isabs(os.path.expanduser(value)):
+        return value
+    if must_exist and not os.path.exists(value):
+        return value
+    return os.path.abspath(value)
+
+
+def rerunnable_values(values: dict) -> dict:
+    """The resolved values with their relative paths made absolute, so the resolved config runs from any directory
+    (the run folder included): outputs always, inputs that exist on disk (model, dataset, eval file, mixture entries
+    and their data files, checkpoint, DeepSpeed/FSDP files)."""
+    values = dict(values)
+    for key in _OUTPUT_PATHS:
+        if key in values:
+            values[key] = _absolute(values[key], must_exist=False)
+    for key in _INPUT_PATHS:
+        if key in values:
+            values[key] = _absolute(values[key])
+    from grpokit.data import is_data_file
+
+    if is_data_file(values.get("dataset_test_split")):  # an eval file; otherwise the name of a split
+        values["dataset_test_split"] = _absolute(values["dataset_test_split"])
+    if isinstance(values.get("datasets"), list):
+        values["datasets"] = [_absolute_entry(entry) for entry in values["datasets"]]
+    return values
+
+
+def _absolute_entry(entry):
+    """A `datasets:` mixture entry with its local `path` absolute, and its `data_files` when they are relative to the
+    current directory (a builder such as `json` as path); data_files inside a dataset folder stay relative to it."""
+    if not isinstance(entry, dict):
+        return entry
+    entry = dict(entry)
+    folder = isinstance(entry.get("path"), str) and os.path.isdir(entry["path"])
+    entry["path"] = _absolute(entry.get("path"))
+    files = entry.get("data_files")
+    if files is not None and not folder:
+        if isinstance(files, dict):
+            entry["data_files"] = {
+                k: [_absolute(f) for f in v] if isinstance(v, list) else _absolute(v) for k, v in files.items()
+            }
+        elif isinstance(files, list):
+            entry["data_files"] = [_absolute(f) for f in files]
+        else:
+            entry["data_files"] = _absolute(files)
+    return entry
+
+
 def _write_resolved_config(resolution, output_dir) -> None:
+    import dataclasses
     import platform
+    import shlex
 
     import torch
     import transformers
@@ -353,14 +532,31 @@ def _write_resolved_config(resolution, output_dir) -> None:
     import grpokit
     from grpokit.config.render import as_yaml
 
+    path = os.path.abspath(os.path.join(output_dir, "resolved_config.yaml"))
     header = [
-        "resolved configuration of this run; re-run with: grpokit train --config resolved_config.yaml",
+        f"resolved configuration of this run; re-run with: grpokit train --config {shlex.quote(path)}",
         f"grpokit {grpokit.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
         f"python {platform.python_version()}",
         "each value is followed by its source: cli, yaml:<file>:<line>, recipe:<name>, migrated:<old key>",
+        "local paths in it are absolute: it runs from any directory, the run folder included",
     ]
-    with open(os.path.join(output_dir, "resolved_config.yaml"), "w", encoding="utf-8") as fh:
-        fh.write(as_yaml(resolution, header=header))
+    if _user_reward_modules(resolution.values.get("reward_funcs")):
+        header.append(f"reward functions are imported from your modules: run it from {shlex.quote(os.getcwd())}")
+    rerunnable = dataclasses.replace(resolution, values=rerunnable_values(resolution.values))
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(as_yaml(rerunnable, header=header))
+
+
+def _user_reward_modules(specs) -> bool:
+    """Whether reward_funcs name a dotted path whose module is a file or folder of the current directory (imported
+    from there, as `_resolve_rewards` allows)."""
+    for spec in specs or []:
+        name = spec.get("name") if isinstance(spec, dict) else spec
+        if isinstance(name, str) and "." in name:
+            top = name.split(".", 1)[0]
+            if os.path.exists(f"{top}.py") or os.path.isdir(top):
+                return True
+    return False
 
 
 def _demo_verdict(output_dir) -> None:

@@ -100,6 +100,8 @@ def test_plot_redraws_from_metrics(tmp_path):
         ({"reward_funcs": ["acuracy"], "reward_weights": None}, "did you mean 'accuracy'"),
         ({"use_vllm": True}, "use_vllm=True"),
         ({"dataset_name": "nobody/no-such-dataset"}, "offline"),
+        # evaluation asked on a single local file: the two ways to give eval data
+        ({"eval_strategy": "steps", "eval_steps": 1}, "set dataset_test_split to a local eval file"),
     ],
 )
 def test_bad_inputs_fail_in_one_line(tmp_path, tiny_model_dir, overrides, expected):
@@ -132,7 +134,7 @@ def test_demo_runs_end_to_end_briefly(tmp_path):
     assert "resolved config:" in result.stdout
 
 
-def test_a_failing_reward_stops_with_one_line_and_keeps_the_weights(tmp_path, tiny_model_dir):
+def test_a_failing_reward_stops_with_one_line_and_saves_nothing_untrained(tmp_path, tiny_model_dir):
     (tmp_path / "my_rewards.py").write_text(
         "def picky(prompts, completions, **kwargs):\n"
         "    return [float('nope') if '+' in prompt else 1.0 for prompt in prompts]\n"
@@ -143,4 +145,56 @@ def test_a_failing_reward_stops_with_one_line_and_keeps_the_weights(tmp_path, ti
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "'picky'" in errors[0] and "sample 0" in errors[0], result.stderr[-2000:]
-    assert (tmp_path / "run" / "interrupted-step-0" / "model.safetensors").is_file()
+    assert errors[0].endswith("(no step was trained: nothing saved)")  # the first round failed: nothing to keep
+    assert not (tmp_path / "run" / "interrupted-step-0").exists()
+
+
+def test_eval_rows_line_and_plot(tmp_path, tiny_model_dir):
+    from grpokit.plot import curve_series, read_metrics
+
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(4)))
+    recipe = write_recipe(
+        tmp_path,
+        tiny_model_dir,
+        eval_strategy="steps",
+        eval_steps=2,
+        max_steps=4,
+        dataset_test_split=str(tmp_path / "eval.jsonl"),
+        log_completions=False,
+    )
+    result = run_grpokit("train", "--config", str(recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2, 3, 4]
+    eval_rows = [r for r in rows if "eval_reward" in r]
+    assert [r["step"] for r in eval_rows] == [2, 4]
+    for row in eval_rows:  # rows of their own: TRL's eval_ names only
+        assert "eval_loss" in row and "eval_reward_std" in row and "reward" not in row and "loss" not in row
+    eval_lines = [line for line in result.stdout.splitlines() if line.startswith("eval ")]
+    assert [line.split("|")[0].split()[-1] for line in eval_lines] == ["2/4", "4/4"], result.stdout
+    assert all("| reward " in line and "| loss " in line for line in eval_lines)
+    assert curve_series(read_metrics(str(run)))["eval_reward"]["step"] == [2, 4]
+    assert (run / "reward_curve.png").is_file()
+    assert "%|" not in result.stderr  # no tqdm bar of datasets / transformers between the progress lines
+
+
+def test_resolved_config_reruns_from_the_run_folder(tmp_path, tiny_model_dir):
+    # Relative paths in the recipe, run from tmp_path; the resolved config holds them absolute, so it resolves the
+    # same from the run folder (cwd of the subprocess: a real path, hence samefile).
+    model = os.path.relpath(tiny_model_dir, tmp_path)
+    write_recipe(tmp_path, model, dataset_name="data.jsonl", output_dir="run", max_steps=1)
+    result = run_grpokit("train", "--config", "recipe.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    header = (run / "resolved_config.yaml").read_text().splitlines()[0]
+    assert "re-run with: grpokit train --config /" in header
+    assert os.path.samefile(header.split("--config ", 1)[1], run / "resolved_config.yaml")
+    check = run_grpokit("config", "validate", "--config", "resolved_config.yaml", cwd=run)
+    assert check.returncode == 0 and check.stdout.strip().endswith("ok"), check.stdout + check.stderr
+    shown = run_grpokit("config", "show", "--format", "json", "--config", "resolved_config.yaml", cwd=run)
+    values = {k: v["value"] for k, v in json.loads(shown.stdout).items()}
+    assert os.path.samefile(values["model_name_or_path"], tiny_model_dir)
+    assert os.path.samefile(values["dataset_name"], tmp_path / "data.jsonl")
+    assert os.path.samefile(values["output_dir"], run)
+    assert all(os.path.isabs(values[k]) for k in ("model_name_or_path", "dataset_name", "output_dir"))

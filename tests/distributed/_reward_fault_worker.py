@@ -13,8 +13,12 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+_CALLS = [0]
+
+
 def fails_on_rank_1(completions, **kwargs):
-    if _rank() == 1:
+    _CALLS[0] += 1
+    if _rank() == 1 and _CALLS[0] > 1:  # from the second round on: the first step trains, so there is a step to save
         raise ValueError("rank 1 cannot score this")
     return [float(len(c)) for c in completions]
 

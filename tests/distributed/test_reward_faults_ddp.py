@@ -43,14 +43,21 @@ def test_a_reward_failing_on_one_process_stops_every_process(tmp_path, reward, o
     exits = {rank: (tmp_path / f"exit-rank{rank}.txt").read_text() for rank in (0, 1)}
     assert exits == {0: "1", 1: "1"}, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    saved = tmp_path / "run" / "interrupted-step-0"
-    # Process 0 reports process 1's failure; process 1 its own.
+    step = 1 if reward == "fails_on_rank_1" else 0  # the raising reward fails from the second round on
+    saved = tmp_path / "run" / f"interrupted-step-{step}"
+    # Process 0 reports process 1's failure; process 1 its own. Only process 0, which wrote, says where.
     assert f"error: {message}" in "\n".join(lines), result.stderr[-3000:]
     (on_0,) = [line for line in lines if "(on process 1 of 2)" in line]
-    assert on_0.startswith(f"error: {message}") and on_0.endswith(f"(weights at step 0 saved to {saved})")
+    assert on_0.startswith(f"error: {message}")
+    assert result.stderr.count("saved to") == (1 if step else 0), result.stderr[-3000:]
+    if step:
+        assert on_0.endswith(f"(weights at step 1 saved to {saved})")
+        assert (saved / "model.safetensors").is_file()
+    else:  # nothing was trained: nothing is saved
+        assert on_0.endswith("(no step was trained: nothing saved)")
+        assert not saved.exists()
     # Exactly two error messages. Counted in the whole stream: both processes write to one pipe, and a line written
     # while the other process writes can land mid-line (seen once in CI).
     assert result.stderr.count("error: ") == 2, lines
-    assert (saved / "model.safetensors").is_file()
     # The only traceback is the launcher's own report of a non-zero exit; none comes from grpokit or the worker.
     assert f'File "{os.path.dirname(grpokit.__file__)}' not in result.stderr and f'File "{WORKER}' not in result.stderr

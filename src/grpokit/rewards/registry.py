@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import code_rewards as _code
 from . import openr1_rewards as _openr1
 from . import trl_rewards as _trl
 from ._common import TRAINER_CALL_KWARGS
@@ -37,6 +38,11 @@ REWARD_FACTORIES: dict[str, Callable[..., RewardFunc]] = {
     "cosine": _openr1.cosine,
     "repetition_penalty": _openr1.repetition_penalty,
     "soft_overlong_punishment": _openr1.soft_overlong_punishment,
+    # open-r1's code rewards, run in the local sandbox (grpokit.rewards.sandbox)
+    "code": _code.code,
+    "binary_code": _code.binary_code,
+    "code_format": _code.code_format,
+    "ioi_code": _code.ioi_code,
     # TRL names
     "get_soft_overlong_punishment": _trl.get_soft_overlong_punishment,
     "get_cosine_scaled_reward": _trl.get_cosine_scaled_reward,
