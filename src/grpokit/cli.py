@@ -1,11 +1,16 @@
 """`grpokit`: thin command line. Parse, then hand over.
 
-grpokit train  [--config F]... [--recipe NAME] [--field value]... [--accelerate_config NAME|FILE [--num_processes N]]
+grpokit train  [--demo] [--config F]... [--recipe NAME] [--field value]... [--accelerate_config NAME|FILE
+               [--num_processes N]]
 grpokit config validate|show|plan|schema|diff ...
 grpokit recipes [show NAME]
 grpokit accelerate-configs [show NAME]
 grpokit plot RUN_DIR
 grpokit vllm-serve MODEL [options]
+grpokit env
+grpokit --version
+
+Every command takes -h/--help (its own, short; the texts are in `grpokit.help`).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import json
 import os
 import sys
 
-USAGE = """usage: grpokit <command> [options]
+USAGE = """usage: grpokit <command> [options]        (grpokit <command> --help for one command)
 
 commands:
-  train                 train (no arguments: a small built-in demo); with --accelerate_config NAME|FILE
-                        [--num_processes N]: check once, then start that many processes with accelerate
+  train                 train a policy (grpokit train --help: its options, and the fields by concern); with
+                        --accelerate_config NAME|FILE [--num_processes N]: check once, then start that many processes
+  train --demo          the built-in demo (also what `grpokit` alone runs), in ./grpokit-demo/ unless --output_dir DIR
   config validate       check a configuration: `ok`, or one line per problem (exit 2)
   config show           resolved values and their sources [--format table|yaml|json] [--all]
   config plan           batch geometry and a memory estimate, before anything loads
@@ -29,11 +35,22 @@ commands:
                         list the shipped accelerate launch presets (for --accelerate_config), or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
   vllm-serve MODEL      start `vllm serve` for server-mode training (see grpokit vllm-serve --help)
+  env                   versions, hardware and accelerate config, for a bug report
+
+options:
+  -h, --help            this help
+  --version             print grpokit's version
 
 every config subcommand and train take --config FILE (repeatable), --recipe NAME and --<field> value flags, and
 the launch options --accelerate_config NAME|FILE, --num_processes N, --main_process_port P (flags or YAML keys;
-`config plan` shows the batch geometry and the memory per process for that launch).
+`config plan` shows the batch geometry and the memory per process for that launch). The fields, by concern:
+grpokit train --help.
 """
+
+CONFIG_SUBCOMMANDS = ("validate", "show", "plan", "schema", "diff")
+
+# Flags that say what to train: without any of them `grpokit train FLAGS` has no model, data or reward to train.
+RUN_FLAGS = ("config", "recipe", "model_name_or_path", "dataset_name", "reward_funcs", "reward_model_name_or_path")
 
 
 def main(argv=None) -> int:
@@ -44,6 +61,11 @@ def main(argv=None) -> int:
         else:
             print(USAGE)
             return 0
+    if argv[0] in ("--version", "-V"):
+        from grpokit.help import version
+
+        print(f"grpokit {version()}")
+        return 0
     command, rest = argv[0], argv[1:]
     handlers = {
         "config": _config,
@@ -52,6 +74,7 @@ def main(argv=None) -> int:
         "train": _train,
         "plot": _plot,
         "vllm-serve": _vllm_serve,
+        "env": _env,
     }
     if command not in handlers:
         from grpokit.config.suggest import closest
@@ -60,11 +83,31 @@ def main(argv=None) -> int:
         _error(f"unknown command {command!r}" + (f"; did you mean {near!r}?" if near else ""))
         print(USAGE, file=sys.stderr)
         return 2
+    help_text = _command_help(command, rest)
+    if help_text is not None:
+        print(help_text)
+        return 0
     try:
         return handlers[command](rest)
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
+
+
+def _command_help(command: str, rest) -> str | None:
+    """The help a `--help` among `rest` asks for (None without one): the command's own, or its subcommand's.
+    `vllm-serve` answers it with its own argparse parser."""
+    from grpokit.help import COMMAND_HELP, train_help, wants_help
+
+    if command == "train":
+        if "--help-all" in rest:
+            return train_help(full=True)
+        return train_help() if wants_help(rest) else None
+    if command == "vllm-serve" or not wants_help(rest):
+        return None
+    if command == "config" and rest and rest[0] in CONFIG_SUBCOMMANDS:
+        return COMMAND_HELP[f"config {rest[0]}"]
+    return COMMAND_HELP[command]
 
 
 def _error(line: str) -> None:
@@ -87,7 +130,7 @@ def _resolve(args, *, import_rewards: bool = False):
             from grpokit.rewards.registry import working_directory_first
 
             working_directory_first()
-        resolution = parser.resolve(args, launch_options=True)
+        resolution = parser.resolve(args, launch_options=True, planning=True)
     except ConfigError as exc:
         for problem in exc.problems:
             _error(problem.line())
@@ -116,7 +159,7 @@ def _take_option(args, name, default=None, choices=None):
 
 
 def _config(args) -> int:
-    subcommands = ("validate", "show", "plan", "schema", "diff")
+    subcommands = CONFIG_SUBCOMMANDS
     if not args or args[0] not in subcommands:
         from grpokit.config.suggest import closest
 
@@ -238,8 +281,16 @@ def _list_or_show(args, names, summary, text, usage: str) -> int:
     from grpokit.config.rules import ConfigError
 
     if not args:
+        import shutil
+        import textwrap
+
+        width = max(70, min(shutil.get_terminal_size((119, 24)).columns, 119))
+        column = max(len(name) for name in names) + 2
         for name in names:
-            print(f"{name:<12} {summary(name)}")
+            lines = textwrap.wrap(summary(name), width - column) or [""]
+            print(f"{name:<{column}}{lines[0]}")
+            for line in lines[1:]:
+                print(" " * column + line)
         return 0
     if args[0] == "show" and len(args) == 2:
         try:
@@ -255,7 +306,46 @@ def _list_or_show(args, names, summary, text, usage: str) -> int:
 def _train(args) -> int:
     from grpokit.train import run_train
 
+    if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo` is the demo too
+        args = ["--demo", *(a for a in args if a != "--demo")]
+    if args and args[0] != "--demo" and not _names_a_run(args) and _resolves(args):
+        import shlex
+
+        _error(
+            "nothing to train: no --config, --recipe or --model_name_or_path (grpokit train --help); the built-in "
+            f"demo with these flags is: {shlex.join(['grpokit', 'train', '--demo', *args])}"
+        )
+        return 2
     return run_train(args)
+
+
+def _names_a_run(args) -> bool:
+    """Whether `args` name something to train (a config file, a recipe, a model, data or a reward)."""
+    given = {a[2:].split("=", 1)[0].replace("-", "_") for a in args if a.startswith("--")}
+    return bool(given & set(RUN_FLAGS))
+
+
+def _resolves(args) -> bool:
+    """Whether `args` resolve without a problem: when they do not, training reports the problems themselves (a typo
+    among them, with its nearest name) rather than the hint that no model is given."""
+    from grpokit.config.parser import TrlParser
+    from grpokit.config.rules import ConfigError
+
+    try:
+        TrlParser().resolve(args, launch_options=True)
+    except ConfigError:
+        return False
+    return True
+
+
+def _env(args) -> int:
+    if args:
+        _error("usage: grpokit env (it takes no arguments)")
+        return 2
+    from grpokit.help import env_report
+
+    print(env_report())
+    return 0
 
 
 def _plot(args) -> int:

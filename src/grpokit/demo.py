@@ -33,6 +33,17 @@ def demo_config_path() -> str:
     return str(resources.files("grpokit").joinpath("config", "demo.yaml"))
 
 
+def make_demo_dir(path: str) -> None:
+    """Create the demo's folder; one that grpokit creates gets a `.gitignore` of `*` (as a virtualenv does), so that
+    the default `grpokit-demo/`, made wherever `grpokit train` runs, never shows up in a git checkout. A folder that
+    already exists is left as it is: it may be the user's."""
+    if os.path.isdir(path):
+        return
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, ".gitignore"), "w", encoding="utf-8") as fh:
+        fh.write("# created by grpokit for the demo's run: nothing here is meant for version control\n*\n")
+
+
 def prepare_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str, str]:
     """Write the initial tiny model and the prompt dataset under `workdir`; return (model dir, dataset file)."""
     from grpokit.tiny import save_tiny

@@ -186,9 +186,10 @@ def reference_policy(model) -> Iterator[None]:
             yield
 
 
-def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False):
+def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False, chat_template: str | None = None):
     """The policy's tokenizer (loaded from the model's path when not given, padding and truncating on the left),
-    with a pad token, which the model's configs are told about."""
+    with a pad token, which the model's configs are told about, and `chat_template` (when given) in place of its
+    own."""
     from transformers import PreTrainedTokenizerBase
 
     if processing_class is None:
@@ -202,6 +203,8 @@ def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False):
         )
     if processing_class.pad_token is None:
         processing_class.pad_token = processing_class.eos_token
+    if chat_template is not None:
+        processing_class.chat_template = chat_template
     model.config.get_text_config().pad_token_id = processing_class.pad_token_id
     model.generation_config.pad_token_id = processing_class.pad_token_id
     return processing_class

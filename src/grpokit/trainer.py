@@ -32,7 +32,7 @@ from . import checkpoints, models, sharding
 from .algorithms import off_policy_mask, policy_loss
 from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
-from .config.grpo_config import GRPOConfig
+from .config.grpo_config import GRPOConfig, set_wandb_environment
 from .config.precision import hardware_problems, resolve_precision
 from .config.redaction import hidden_secrets
 from .config.rules import vllm_mode_warnings
@@ -101,6 +101,7 @@ class GRPOTrainer(Trainer):
         reward_funcs = _as_list(reward_funcs)
         _check_before_loading(args, reward_funcs, train_dataset, trl_only)
         resolve_precision(args)
+        set_wandb_environment(args)
 
         model, tokenizer = self._build_models(model, processing_class, peft_config, args)
         self.rewards = build_reward_functions(
@@ -153,7 +154,7 @@ class GRPOTrainer(Trainer):
             model = models.load_policy(model, args.model_init_kwargs, args.trust_remote_code)
         elif args.model_init_kwargs:
             logger.warning("model_init_kwargs is ignored: the model is already instantiated")
-        tokenizer = models.prepare_tokenizer(model, processing_class, args.trust_remote_code)
+        tokenizer = models.prepare_tokenizer(model, processing_class, args.trust_remote_code, args.chat_template)
         self.eos_token_ids = models.eos_token_ids(model, tokenizer)
         model, self.ref_model = models.prepare_policy(
             model,

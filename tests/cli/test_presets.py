@@ -67,7 +67,12 @@ def recipe(tmp_path):
 def test_list_names_every_preset_with_its_description(run):
     code, out, errors = run("accelerate-configs")
     assert code == 0 and not errors
-    lines = out.splitlines()
+    lines = []
+    for line in out.splitlines():  # a long description wraps onto indented continuation lines
+        if line.startswith(" "):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
     assert [line.split()[0] for line in lines] == PRESETS
     described = dict(line.split(None, 1) for line in lines)
     assert described["zero3"].startswith("DeepSpeed ZeRO stage 3")

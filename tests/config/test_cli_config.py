@@ -206,7 +206,7 @@ def test_plan_geometry(cli, write, config, expected):
 
 
 def test_plan_rejects_what_validate_rejects(cli):
-    result = cli("config", "plan", "--num_generations", "3")
+    result = cli("config", "plan", "--num_generations", "3", "--num_processes", "1")  # 8 x 1 x 1: not groups of 3
     assert result.code == 2 and "num_generations=3" in result.err and result.out == ""
 
 
@@ -403,8 +403,14 @@ def test_diff_of_a_bad_file(cli, write):
 def test_recipes_list(cli):
     result = cli("recipes")
     assert result.code == 0
-    listed = {line.split()[0]: line.split(None, 1)[1] for line in result.out.splitlines()}
+    listed, name = {}, None  # a long summary is wrapped: its continuation lines are indented
+    for line in result.out.splitlines():
+        if line.startswith(" "):
+            listed[name] += " " + line.strip()
+        else:
+            name, listed[name] = line.split(None, 1)
     assert listed == {name: recipe_summary(name) for name in recipe_names()}
+    assert listed["cispo"].endswith("arXiv:2506.13585), section 3.1.")  # the whole first sentence, over two lines
     assert {"grpo", "dapo", "dr_grpo", "gspo", "cispo", "sapo", "deepseek_r1"} <= set(listed)
 
 
@@ -443,7 +449,7 @@ def test_vllm_notes_name_what_has_no_effect(cli, write):
     assert colocate.code == 0, colocate.err
     if not torch.cuda.is_available():
         assert "vllm_enable_sleep_mode=True has no effect on this machine: vLLM sleeps only on CUDA" in colocate.err
-    assert "vllm_mode" not in colocate.err  # nothing of server mode was set
+    assert "with vllm_mode" not in colocate.err  # nothing of server mode was set
 
 
 def test_vllm_fields_without_use_vllm_are_named(cli, write):

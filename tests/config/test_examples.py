@@ -97,7 +97,7 @@ def test_open_r1_style_values(open_r1_env):
     assert v["mask_truncated_completions"] is True
     # migrated spellings
     assert v["dtype"] == "bfloat16" and v["warmup_steps"] == 0.1
-    assert "overwrite_output_dir" not in v
+    assert v["overwrite_output_dir"] is True  # a grpokit field: a fresh run may replace a previous one
     # data and rewards
     assert v["dataset_name"] == "open-r1/OpenR1-Math-220k" and v["dataset_prompt_column"] == "problem"
     assert v["system_prompt"].startswith("You are a helpful AI Assistant")
@@ -132,7 +132,7 @@ def test_open_r1_style_provenance(open_r1_env):
         assert r.sources[key] == f"yaml:{path}:{line_of(path, key)}", key
     assert r.sources["generation_batch_size"] == "derived"
     warned = sorted(w.split(" ")[0] for w in r.warnings)
-    assert warned == ["overwrite_output_dir", "torch_dtype", "warmup_ratio"]
+    assert warned == ["torch_dtype", "warmup_ratio"]
     for old in warned:
         assert any(w.startswith(f"{old} (yaml:{path}:{line_of(path, old)})") for w in r.warnings)
 

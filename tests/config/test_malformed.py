@@ -16,6 +16,8 @@ needs_reward_checks = pytest.mark.skipif(not HAS_REWARD_CHECKS, reason="grpokit.
 
 # (id, YAML text or None, extra command-line arguments, substrings expected on stderr). `{file}` is the YAML file's
 # path, `{tmp}` the test's temporary directory. Command-line arguments follow `grpokit config validate`.
+# The batch-geometry cases give `--num_processes 1`: without a process count, a rule that only the count breaks is a
+# note (tests/config/test_process_counts.py).
 # fmt: off
 YAML_CASES = [
     # ---- unknown keys, with the nearest valid name
@@ -109,7 +111,7 @@ YAML_CASES = [
     ("vllm-regex-invalid", "vllm_structured_outputs_regex: '(ab'\n", [], ["vllm_structured_outputs_regex='(ab'", "is not a valid regular expression (missing ), unterminated subpattern at position 0)"]),
     ("vllm-url-no-scheme", "vllm_server_base_url: 127.0.0.1:8000\n", [], ["vllm_server_base_url='127.0.0.1:8000'", "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000"]),
     ("vllm-url-bad-port", "vllm_server_base_url: http://localhost:99999\n", [], ["vllm_server_base_url='http://localhost:99999'", "must be an http(s) URL with a host"]),
-    ("vllm-tp-does-not-divide", "use_vllm: true\nvllm_tensor_parallel_size: 2\n", [], ["vllm_tensor_parallel_size=2", "must divide the number of training processes (1)", "valid here: 1"]),
+    ("vllm-tp-does-not-divide", "use_vllm: true\nvllm_tensor_parallel_size: 2\n", ["--num_processes", "1"], ["vllm_tensor_parallel_size=2", "must divide the number of training processes (1)", "valid here: 1"]),
     ("vllm-tp-server-mode", "use_vllm: true\nvllm_mode: server\nvllm_tensor_parallel_size: 2\n", [], ["vllm_tensor_parallel_size=2", "applies to colocate mode", "grpokit vllm-serve MODEL --tensor-parallel-size 2"]),
     ("is-clip-min-above-max", "vllm_importance_sampling_clip_min: 3.0\nvllm_importance_sampling_clip_max: 2.0\n", [], ["vllm_importance_sampling_clip_min=3.0", "must be < vllm_importance_sampling_clip_max (2.0)"]),
     ("generation-kwargs-not-mapping", "generation_kwargs: [max_new_tokens, 5]\n", [], ["generation_kwargs (yaml:{file}:1)", "is not a mapping"]),
@@ -124,15 +126,15 @@ YAML_CASES = [
     (
         "groups-do-not-fit",
         "per_device_train_batch_size: 3\nnum_generations: 4\n",
-        [],
+        ["--num_processes", "1"],
         ["num_generations=4 (yaml:{file}:2)", "generation batch 3", "must be divisible by num_generations = 4", "nearest valid: per_device_train_batch_size 4; generation_batch_size 12; num_generations 3"],
     ),
-    ("groups-do-not-fit-default-batch", "num_generations: 3\n", [], ["num_generations=3", "generation batch 8", "per_device_train_batch_size 6 or 9; generation_batch_size 24; num_generations 4"]),
+    ("groups-do-not-fit-default-batch", "num_generations: 3\n", ["--num_processes", "1"], ["num_generations=3", "generation batch 8", "per_device_train_batch_size 6 or 9; generation_batch_size 24; num_generations 4"]),
     ("generation-batch-vs-global-batch", "per_device_train_batch_size: 4\ngeneration_batch_size: 10\n", [], ["generation_batch_size=10 (yaml:{file}:2)", "divisible by the global batch", "nearest valid values: 8 or 12"]),
     ("generation-batch-vs-groups", "per_device_train_batch_size: 4\nnum_generations: 8\ngeneration_batch_size: 12\n", [], ["generation_batch_size=12", "must be divisible by num_generations = 8", "generation_batch_size 8 or 16; num_generations 6"]),
     ("generation-batch-and-steps", "generation_batch_size: 16\nsteps_per_generation: 4\n", [], ["generation_batch_size=16", "cannot both be set"]),
-    ("eval-batch-vs-groups", "eval_strategy: steps\nnum_generations: 8\nper_device_eval_batch_size: 3\n", [], ["per_device_eval_batch_size=3 (yaml:{file}:3)", "evaluation group size 8", "nearest valid values: 8"]),
-    ("eval-batch-vs-eval-groups", "eval_strategy: steps\nper_device_eval_batch_size: 4\nnum_generations_eval: 3\n", [], ["per_device_eval_batch_size=4", "evaluation group size 3", "nearest valid values: 3 or 6"]),
+    ("eval-batch-vs-groups", "eval_strategy: steps\nnum_generations: 8\nper_device_eval_batch_size: 3\n", ["--num_processes", "1"], ["per_device_eval_batch_size=3 (yaml:{file}:3)", "evaluation group size 8", "nearest valid values: 8"]),
+    ("eval-batch-vs-eval-groups", "eval_strategy: steps\nper_device_eval_batch_size: 4\nnum_generations_eval: 3\n", ["--num_processes", "1"], ["per_device_eval_batch_size=4", "evaluation group size 3", "nearest valid values: 3 or 6"]),
     ("auto-find-batch-size", "auto_find_batch_size: true\n", [], ["auto_find_batch_size=True", "not supported by GRPO"]),
     ("fp16-and-bf16", "fp16: true\nbf16: true\n", [], ["bf16=True", "fp16 and bf16 cannot both be true"]),
     # ---- rewards

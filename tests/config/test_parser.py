@@ -240,12 +240,12 @@ def test_renamed_key_on_the_command_line():
     assert any(w.startswith("torch_dtype (cli) is deprecated") for w in r.warnings)
 
 
-def test_overwrite_output_dir_is_dropped_with_a_warning(write):
+def test_overwrite_output_dir_is_a_field_again(write):
+    # transformers 5 dropped it; grpokit gives it back its meaning (a fresh run may replace a previous one)
     path = write("old.yaml", "overwrite_output_dir: true\noutput_dir: out\n")
     r = resolve("--config", path)
-    assert "overwrite_output_dir" not in r.values
-    assert r.values["output_dir"] == "out"
-    assert [w for w in r.warnings if w.startswith(f"overwrite_output_dir (yaml:{path}:1)") and "ignored" in w]
+    assert r.values["overwrite_output_dir"] is True and r.sources["overwrite_output_dir"] == f"yaml:{path}:1"
+    assert not [w for w in r.warnings if "overwrite_output_dir" in w]
 
 
 @pytest.mark.parametrize(

@@ -196,3 +196,169 @@ def test_bf16_with_float32_weights_says_how_to_load_them_in_16_bit(cli, qwen2_7b
     _, memory = plan(cli, "--model_name_or_path", qwen2_7b, "--bf16", "true", "--dtype", "bfloat16")
     size, how = memory["weights"]
     assert size == gib(PARAMS * 2) and how == "bfloat16"
+
+
+# ---- TRL's geometry at the planned process count, worked out here from TRL's rules:
+# generation_batch_size = per_device_train_batch_size x processes x steps_per_generation, where steps_per_generation
+# defaults to gradient_accumulation_steps, or is generation_batch_size / (per_device x processes) when that is given.
+
+
+def trl_geometry(per_device, accum, num_gen, processes, generation_batch_size=None, steps_per_generation=None):
+    if generation_batch_size is not None:
+        steps = generation_batch_size // (per_device * processes)
+    else:
+        steps = steps_per_generation or accum
+    gen_batch = per_device * processes * steps
+    return {
+        "processes": str(processes),
+        "generation_batch_size": str(gen_batch),
+        "steps_per_generation": str(steps),
+        "prompts_per_generation": str(gen_batch // num_gen),
+        "completions_per_optimizer_step": str(per_device * processes * accum),
+        "optimizer_steps_per_generation": str(round(steps / accum, 4)),  # num_iterations 1
+        "on_policy": str(accum % steps == 0),
+    }
+
+
+def test_world_size_8_geometry_by_hand(cli, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    geometry, _ = plan(
+        cli, "--model_name_or_path", "X", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "32",
+        "--num_generations", "16",
+    )  # fmt: skip
+    # 4 completions x 8 processes x 32 steps = 1024 completions a round = 64 prompts of 16; the optimizer step takes
+    # 4 x 8 x 32 = 1024 completions too, so one round feeds exactly one step
+    assert {k: v for k, (v, _) in geometry.items()} == {
+        "processes": "8",
+        "per_device_train_batch_size": "4",
+        "gradient_accumulation_steps": "32",
+        "num_generations": "16",
+        "generation_batch_size": "1024",
+        "steps_per_generation": "32",
+        "prompts_per_generation": "64",
+        "completions_per_optimizer_step": "1024",
+        "optimizer_steps_per_generation": "1.0",
+        "num_iterations": "1",
+        "on_policy": "True",
+    }
+
+
+@pytest.mark.parametrize("processes", [1, 2, 8])
+@pytest.mark.parametrize("how", ["--num_processes", "WORLD_SIZE"])
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"generation_batch_size": 256},  # a multiple of 4 x 8: 64, 32 and 8 steps per round at 1, 2 and 8 processes
+        {"steps_per_generation": 8},  # 4 x N x 8 completions a round, N x 2 groups of 16
+    ],
+)
+def test_plan_follows_trls_rules_at_the_planned_count(cli, monkeypatch, processes, how, given):
+    per_device, accum, num_gen = 4, 32, 16
+    args = ["--per_device_train_batch_size", per_device, "--gradient_accumulation_steps", accum]
+    args += ["--num_generations", num_gen]
+    for name, value in given.items():
+        args += [f"--{name}", value]
+    if how == "WORLD_SIZE":
+        monkeypatch.setenv("WORLD_SIZE", str(processes))
+    else:
+        args += ["--num_processes", processes]
+    geometry, _ = plan(cli, *args)
+    expected = trl_geometry(per_device, accum, num_gen, processes, **given)
+    assert {k: geometry[k][0] for k in expected} == expected
+
+
+def test_plan_with_explicit_generation_batch_at_2_processes(cli):
+    # 96 completions a round over 3 x 2 per micro-step: 16 steps per round; 96 / 8 = 12 prompts; an optimizer step
+    # is 3 x 2 x 4 = 24 completions, so one round feeds 16 / 4 = 4 optimizer steps (off-policy after the first)
+    geometry, _ = plan(
+        cli, "--per_device_train_batch_size", "3", "--gradient_accumulation_steps", "4", "--num_generations", "8",
+        "--generation_batch_size", "96", "--num_processes", "2",
+    )  # fmt: skip
+    assert {k: geometry[k][0] for k in ("steps_per_generation", "prompts_per_generation")} == {
+        "steps_per_generation": "16",
+        "prompts_per_generation": "12",
+    }
+    assert geometry["completions_per_optimizer_step"][0] == "24"
+    assert geometry["optimizer_steps_per_generation"][0] == "4.0" and geometry["on_policy"][0] == "False"
+
+
+def test_plan_without_a_count_shows_the_broken_group_as_a_fraction(cli):
+    geometry, _ = plan(
+        cli, "--num_generations", "14", "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "4"
+    )
+    # 64 completions at 1 process are 64 / 14 = 4.57 groups: the note says which counts make whole ones
+    assert geometry["prompts_per_generation"][0] == "4.57"
+    assert "not whole groups at 1 process(es)" in geometry["prompts_per_generation"][1]
+
+
+# ---- memory: the total rows and the weights' real dtype
+
+
+def _size(n_bytes: float) -> str:
+    """The plan's own units (KiB under 1 MiB, MiB under 1 GiB), written out here."""
+    if n_bytes < 1024**2:
+        return f"{n_bytes / 1024:.1f} KiB"
+    if n_bytes < 1024**3:
+        return f"{n_bytes / 1024**2:.1f} MiB"
+    return gib(n_bytes)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 8])
+def test_total_memory_rows_for_a_tiny_model(cli, tiny_model_dir, processes):
+    with open(f"{tiny_model_dir}/config.json") as fh:
+        config = json.load(fh)
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    _, memory = plan(
+        cli, "--model_name_or_path", tiny_model_dir, "--num_processes", processes, "--dtype", "float32",
+        "--per_device_train_batch_size", "2", "--max_prompt_length", "16", "--max_completion_length", "16",
+        "--gradient_checkpointing", "true", "--num_generations", "2", "--gradient_accumulation_steps", "1",
+    )  # fmt: skip
+    params = int(memory["parameters"][1].split(" weights")[0].replace(",", ""))
+    states = params * (4 + 4 + 8)  # float32 weights and gradients, AdamW's 2 float32 moments; beta 0: no reference
+    logits = 2 * 16 * vocab * 4  # 2 completions x 16 tokens x vocab, float32
+    activations = 2 * 32 * layers * hidden * 4  # checkpointing keeps one hidden state per token and layer
+    assert memory["model states"][0] == _size(states)
+    assert memory["total per process"] == (_size(states + logits + activations), "model states + logits + activations")
+    name = f"total, {processes} process{'es' if processes > 1 else ''}"
+    # DDP keeps everything whole on every process: the launch needs `processes` times one process's memory
+    assert memory[name] == (
+        _size(processes * (states + logits + activations)),
+        f"{processes} x total per process: the whole launch",
+    )
+
+
+def test_total_memory_under_zero3_divides_the_states(cli, qwen2_7b):
+    _, memory = plan(
+        cli, "--model_name_or_path", qwen2_7b, "--accelerate_config", "zero3", "--num_processes", "8",
+        "--per_device_train_batch_size", "1", "--max_prompt_length", "256", "--max_completion_length", "256",
+        "--num_generations", "8", "--gradient_accumulation_steps", "1",
+    )  # fmt: skip
+    states = PARAMS * (2 + 2 + 12) / 8  # bf16 (the preset's) weights and gradients, fp32 master + moments; all / 8
+    logits = 1 * 256 * 152064 * 4
+    activations = 1 * 512 * 28 * 3584 * 4  # float32 dtype (the default), one hidden state per token and layer
+    per_process = states + logits + activations
+    assert memory["total per process"][0] == gib(per_process)
+    assert memory["total, 8 processes"][0] == gib(8 * per_process)
+
+
+def test_weights_dtype_comes_from_model_init_kwargs_then_dtype_then_the_checkpoint(cli, qwen2_7b, write):
+    _, memory = plan(cli, "--model_name_or_path", qwen2_7b, "--model_init_kwargs", '{"dtype": "bfloat16"}')
+    assert memory["weights"] == (gib(PARAMS * 2), "bfloat16 (model_init_kwargs)")
+    _, memory = plan(
+        cli, "--model_name_or_path", qwen2_7b, "--dtype", "bfloat16", "--model_init_kwargs", '{"dtype": "float32"}'
+    )  # model_init_kwargs win over dtype, as grpokit train merges them
+    assert memory["weights"] == (gib(PARAMS * 4), "float32 (model_init_kwargs)")
+    # dtype auto: the checkpoint's config.json says; this one names none, so float32 is assumed
+    _, memory = plan(cli, "--model_name_or_path", qwen2_7b, "--dtype", "auto")
+    assert memory["weights"] == (gib(PARAMS * 4), "float32 (dtype auto, and config.json names no dtype: assumed)")
+
+
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_dtype_auto_reads_the_checkpoints_dtype(cli, tmp_path, key):
+    path = tmp_path / "qwen2-7b-bf16"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({**QWEN2_7B, key: "bfloat16"}))
+    _, memory = plan(cli, "--model_name_or_path", str(path), "--dtype", "auto")
+    assert memory["weights"] == (gib(PARAMS * 2), "bfloat16 (dtype auto: the checkpoint's, from config.json)")
+    assert memory["optimizer state"][0] == gib(PARAMS * 2 * 2)  # AdamW's 2 moments in the weights' dtype

@@ -33,12 +33,48 @@ EXTRAS = {
         "reward_timeout",
         "max_unscorable_rounds",
         "resume_allow_changes",
+        "overwrite_output_dir",
     },
     "ScriptArguments": set(),
     "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt"},
     "ModelConfig": set(),
     "DatasetConfig": set(),
     "DatasetMixtureConfig": set(),
+}
+# open-r1's fields on top of TRL's (its src/open_r1/configs.py), with open-r1's defaults except where noted: each is
+# implemented or refused when set (grpokit/config/support.py). `system_prompt` and `dataset_prompt_column` are above.
+OPENR1_DEFAULTS = {
+    "GRPOConfig": {
+        "chat_template": None,
+        "wandb_entity": None,
+        "wandb_project": None,
+        "wandb_run_group": None,
+        "callbacks": [],
+        "benchmarks": [],
+        "hub_model_revision": "main",
+        "overwrite_hub_revision": False,
+        "push_to_hub_revision": False,
+    },
+    "GRPOScriptArguments": {
+        "cosine_min_value_wrong": 0.0,
+        "cosine_max_value_wrong": -0.5,
+        "cosine_min_value_correct": 0.5,
+        "cosine_max_value_correct": 1.0,
+        "cosine_max_len": 1000,
+        "repetition_n_grams": 3,
+        "repetition_max_penalty": -1.0,
+        "max_completion_len": None,  # open-r1: 16384; unset follows max_completion_length
+        "soft_punish_cache": None,  # open-r1: 4096; unset is a quarter of max_completion_len
+        "code_language": "python",
+        "code_eval_test_batch_size": 1,
+        "code_eval_scoring_mode": "weighted_sum",
+        "parallel_code_exec_per_proc": 2,
+        "code_provider": "local",  # open-r1: "e2b"; grpokit runs code locally
+        "ioi_provider": "piston",
+        "e2b_router_url": None,
+        "morph_router_url": None,
+        "dataset_mixture": None,
+    },
 }
 
 
@@ -69,7 +105,15 @@ def test_field_names(cls):
     ours = {f.name for f in dataclasses.fields(cls)}
     theirs = set(SNAPSHOT["classes"][cls.__name__])
     assert theirs - ours == set(), f"TRL fields missing from {cls.__name__}"
-    assert ours - theirs == EXTRAS[cls.__name__], f"{cls.__name__} has fields TRL does not have"
+    openr1 = set(OPENR1_DEFAULTS.get(cls.__name__, {}))
+    assert ours - theirs == EXTRAS[cls.__name__] | openr1, f"{cls.__name__} has fields TRL does not have"
+
+
+@pytest.mark.parametrize("cls", [GRPOConfig, GRPOScriptArguments], ids=lambda c: c.__name__)
+def test_openr1_field_defaults(cls):
+    declared = {f.name: declared_default(f) for f in dataclasses.fields(cls)}
+    expected = OPENR1_DEFAULTS[cls.__name__]
+    assert {name: declared[name] for name in expected} == expected
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

@@ -8,6 +8,7 @@ description of a field; `grpokit config schema` and `--help` are built from it.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -83,6 +84,16 @@ class GRPOConfig(TrainingArguments):
             "warning instead of an error. The run then does not continue the one it resumes exactly."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a fresh run in an output_dir that holds a previous one (checkpoints, saved weights, "
+            "metrics.jsonl): its checkpoint-*, interrupted-step-*, saved weights and records are deleted once every "
+            "check has passed, just before training. Without it such a run is refused; resume it with "
+            "resume_from_checkpoint instead. (Removed from transformers 5's TrainingArguments; grpokit gives it "
+            "back this meaning.)"
+        },
+    )
 
     # ---- Model ----
     model_init_kwargs: dict[str, Any] | str | None = field(
@@ -125,6 +136,13 @@ class GRPOConfig(TrainingArguments):
         metadata={
             "help": "Keep at most this many prompt tokens, cutting from the left (the end of the prompt is kept). "
             "Unset keeps whole prompts. grpokit extension: TRL removed this field, recipes still set it."
+        },
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Jinja chat template that replaces the tokenizer's own for conversational prompts (and is saved "
+            "with the tokenizer). Unset keeps the tokenizer's. open-r1 field."
         },
     )
     pad_to_multiple_of: int | str | None = field(
@@ -522,6 +540,45 @@ class GRPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Hub dataset repository to upload logged completions to; needs log_completions."},
     )
+    wandb_entity: str | None = field(
+        default=None,
+        metadata={"help": "Weights & Biases entity: sets WANDB_ENTITY when training starts. open-r1 field."},
+    )
+    wandb_project: str | None = field(
+        default=None,
+        metadata={"help": "Weights & Biases project: sets WANDB_PROJECT when training starts. open-r1 field."},
+    )
+    wandb_run_group: str | None = field(
+        default=None,
+        metadata={"help": "Weights & Biases run group: sets WANDB_RUN_GROUP when training starts. open-r1 field."},
+    )
+
+    # ---- open-r1: its cluster and Hub tooling, accepted and refused when set (see support.py) ----
+    callbacks: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "open-r1's callbacks by name (e.g. push_to_hub_revision). open-r1 field; refused when non-empty: "
+            "pass TrainerCallback objects to GRPOTrainer instead."
+        },
+    )
+    benchmarks: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Benchmarks open-r1 runs after training (Slurm jobs). open-r1 field; refused when non-empty."
+        },
+    )
+    hub_model_revision: str | None = field(
+        default="main",
+        metadata={"help": "Hub branch open-r1 pushes the model to. open-r1 field; refused when not 'main'."},
+    )
+    overwrite_hub_revision: bool = field(
+        default=False,
+        metadata={"help": "Let open-r1 overwrite an existing Hub branch. open-r1 field; refused when true."},
+    )
+    push_to_hub_revision: bool = field(
+        default=False,
+        metadata={"help": "Push each checkpoint to a Hub branch (open-r1). open-r1 field; refused when true."},
+    )
 
     def __post_init__(self):
         if self.recipe is not None:
@@ -550,6 +607,23 @@ class GRPOConfig(TrainingArguments):
         for name, value in derived.items():
             setattr(self, name, value)
         register_fields(self)  # hub_token: redacted from logs and output files from now on
+
+
+# open-r1's Weights & Biases fields -> the variables wandb reads when the run starts.
+WANDB_ENVIRONMENT = {
+    "wandb_entity": "WANDB_ENTITY",
+    "wandb_project": "WANDB_PROJECT",
+    "wandb_run_group": "WANDB_RUN_GROUP",
+}
+
+
+def set_wandb_environment(config) -> dict[str, str]:
+    """Set WANDB_ENTITY / WANDB_PROJECT / WANDB_RUN_GROUP from the fields that are set (as open-r1 does when training
+    starts); returns the variables set."""
+    chosen = {env: getattr(config, name, None) for name, env in WANDB_ENVIRONMENT.items()}
+    chosen = {env: str(value) for env, value in chosen.items() if value is not None}
+    os.environ.update(chosen)
+    return chosen
 
 
 def _apply_recipe_defaults(config: GRPOConfig) -> None:

@@ -28,11 +28,19 @@ from grpokit.accelerate_presets import (
 )
 
 from .grpo_config import GRPOConfig
-from .migrations import RENAMED_KEYS, legacy_scale_rewards
+from .migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS, changed_default_notes, legacy_scale_rewards
 from .model_config import ModelConfig
 from .recipes import load_recipe
 from .redaction import is_secret_env, is_secret_field, redact, register
-from .rules import ConfigError, Problem, check_fields, check_geometry, num_processes_from_env, planned_processes
+from .rules import (
+    ConfigError,
+    Problem,
+    check_fields,
+    check_geometry,
+    num_processes_from_env,
+    planned_processes,
+    process_count_note,
+)
 from .script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
 from .suggest import closest
 from .types import MAPPING_ITEM_FIELDS, CoercionError, coerce, field_types
@@ -123,7 +131,7 @@ class TrlParser(HfArgumentParser):
 
     # ---- Resolution ----
 
-    def resolve(self, args=None, *, allow_remaining=False, launch_options=False) -> Resolution:
+    def resolve(self, args=None, *, allow_remaining=False, launch_options=False, planning=False) -> Resolution:
         """Resolve every layer into instances; raise ConfigError with every problem found.
 
         Stages: read the YAML files, apply their `env:` sections, stack the layers (recipe, YAML, command line),
@@ -133,6 +141,11 @@ class TrlParser(HfArgumentParser):
         `main_process_port` (flags or YAML keys) are taken as the launch options (`Resolution.launch`), and the batch
         geometry is checked and derived for the processes they ask for (unless this process runs under a launcher:
         then WORLD_SIZE says how many there are).
+
+        With `planning=True` (`grpokit config validate|show|plan`: nothing runs), when no process count is given
+        (no num_processes, none in the accelerate config, no WORLD_SIZE), a batch-geometry problem that only the
+        process count causes is a note naming the counts at which the geometry holds, not an error. Training
+        (`planning=False`) refuses it: it runs at that count.
         """
         args = list(sys.argv[1:] if args is None else args)
         if any(a in ("-h", "--help") for a in args):
@@ -148,11 +161,13 @@ class TrlParser(HfArgumentParser):
         yaml_layers = _read_yaml_files(configs, report)
         _apply_env_sections(yaml_layers, report)
         launch, processes, processes_how = None, num_processes_from_env(), Resolution.processes_how
+        processes_given = "WORLD_SIZE" in os.environ
         if launch_options:
             launch, launch_problems = launch_request({**pop_launch_keys(yaml_layers), **launch_given})
             report.problems += launch_problems
             if launch is not None and not under_launcher():  # a launched process counts its own (WORLD_SIZE)
                 processes, processes_how = launch.processes, launch.processes_how()
+                processes_given = (launch.num_processes or getattr(launch.config, "num_processes", None)) is not None
         layers = _recipe_layers(yaml_layers, recipe_flag, owners, report)
         layers[1:1] = [
             (lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data) for path, data, lines in yaml_layers
@@ -169,9 +184,11 @@ class TrlParser(HfArgumentParser):
         values, sources = self._field_defaults()
         _coerce_into(raw, owners, values, sources, report)
         register(*(value for key, value in values.items() if is_secret_field(key)))  # redacted from logs from now on
-        report.problems += self._rules(values, processes)
+        problems = self._rules(values, processes)
+        noted = [p for p in problems if p.processes] if planning and not processes_given else []
+        report.problems += [p for p in problems if p not in noted]
         report.raise_if_any(sources)
-        with planned_processes(processes):  # derived for the processes checked, not for this one alone
+        with planned_processes(processes, noted=bool(noted)):  # derived for the processes checked, not for this one
             instances = self._instantiate(values, sources, report)
         report.raise_if_any(sources)
 
@@ -181,7 +198,9 @@ class TrlParser(HfArgumentParser):
             {k: plain(v) for k, v in shown.items()},
             sources,
             report.warnings,
-            machine_notes(shown),
+            [process_count_note(_with_source(p, sources), processes) for p in noted]
+            + machine_notes(shown)
+            + changed_default_notes(shown, sources),
             report.remaining,
             launch,
             processes,
@@ -281,7 +300,8 @@ class TrlParser(HfArgumentParser):
                     )
                 i = j
                 continue
-            tp = field_types(owners[name][0])[name] if name in owners else None
+            target = name if name in owners else RENAMED_KEYS.get(name, (None,))[0]  # a renamed flag: the new type
+            tp = field_types(owners[target][0])[target] if target in owners else None
             if negated:
                 if given:
                     problems.append(Problem(f"--no_{name}", "takes no value", " ".join(given), source="cli"))
@@ -418,6 +438,9 @@ def _migrate(key, value, source, report):
     """(key, value, source) after the migrations table; key None when the key is dropped."""
     if key in RENAMED_KEYS:
         new, why = RENAMED_KEYS[key]
+        if key in REMOVED_KEY_ERRORS:
+            report.problems.append(Problem(key, why, value, source=source))
+            return None, value, source
         if new is None:
             report.warnings.append(f"{key} ({source}) is {why}")
             return None, value, source
@@ -470,11 +493,42 @@ def _with_derived(instances, values, sources) -> dict:
     return shown
 
 
+# open-r1's reward fields (GRPOScriptArguments) -> the parameter of the built-in reward factories they set
+# (`cosine`, TRL's `get_cosine_scaled_reward`, `repetition_penalty`).
+OPENR1_REWARD_PARAMETERS = {
+    "cosine_min_value_wrong": "min_value_wrong",
+    "cosine_max_value_wrong": "max_value_wrong",
+    "cosine_min_value_correct": "min_value_correct",
+    "cosine_max_value_correct": "max_value_correct",
+    "cosine_max_len": "max_len",
+    "repetition_n_grams": "ngram_size",
+    "repetition_max_penalty": "max_penalty",
+}
+# open-r1's code-execution fields, offered to the code reward factories under their own names.
+OPENR1_CODE_FIELDS = (
+    "code_language",
+    "code_eval_test_batch_size",
+    "code_eval_scoring_mode",
+    "parallel_code_exec_per_proc",
+    "code_provider",
+    "ioi_provider",
+    "e2b_router_url",
+    "morph_router_url",
+)
+
+
 def reward_defaults(values) -> dict:
-    """Config values offered to reward factories that take parameters of these names."""
-    max_len = values.get("max_completion_length")
-    # The overlong punishment follows max_completion_length; its soft window is the last quarter (as in DAPO/open-r1).
-    return {"max_completion_len": max_len, "soft_punish_cache": max(1, max_len // 4) if max_len else None}
+    """Config values offered to reward factories that take parameters of these names (a `{name, kwargs}` entry's
+    own kwargs win): open-r1's reward fields under the factories' parameter names, its code fields as they are, and
+    the overlong punishment's window. That window is `max_completion_len` / `soft_punish_cache` when set, else
+    max_completion_length and its last quarter (as in DAPO/open-r1)."""
+    offered = {param: values[name] for name, param in OPENR1_REWARD_PARAMETERS.items() if name in values}
+    offered.update({name: values[name] for name in OPENR1_CODE_FIELDS if name in values})
+    max_len = values.get("max_completion_len") or values.get("max_completion_length")
+    cache = values.get("soft_punish_cache")
+    if cache is None:
+        cache = max(1, max_len // 4) if max_len else None
+    return {**offered, "max_completion_len": max_len, "soft_punish_cache": cache}
 
 
 def reward_problems(values, *, import_code: bool = False) -> list[Problem]:

@@ -29,6 +29,9 @@ def batch_geometry(values, *, processes=None, processes_how=None) -> list[tuple[
     iterations = values["num_iterations"]
     micro_steps_per_round = steps * iterations
     on_policy = accum % micro_steps_per_round == 0
+    # Not whole groups only where `grpokit config` was given no process count (a note says so): show the fraction.
+    whole = gen_batch % num_gen == 0
+    prompts = gen_batch // num_gen if whole else round(gen_batch / num_gen, 2)
     return [
         ("processes", processes, processes_how),
         ("per_device_train_batch_size", per_device, "completions per process per micro-step"),
@@ -36,7 +39,12 @@ def batch_geometry(values, *, processes=None, processes_how=None) -> list[tuple[
         ("num_generations", num_gen, "completions per prompt (group size)"),
         ("generation_batch_size", gen_batch, "completions per generation round, all processes"),
         ("steps_per_generation", steps, "micro-steps per process fed by one generation round"),
-        ("prompts_per_generation", gen_batch // num_gen, "generation_batch_size / num_generations"),
+        (
+            "prompts_per_generation",
+            prompts,
+            "generation_batch_size / num_generations"
+            + ("" if whole else f": not whole groups at {processes} process(es), see the note"),
+        ),
         ("completions_per_optimizer_step", per_device * processes * accum, "per_device x processes x accumulation"),
         (
             "optimizer_steps_per_generation",
@@ -83,6 +91,34 @@ def _model_dims(path) -> dict | None:
         }
     except (KeyError, TypeError, ZeroDivisionError):
         return None
+
+
+def _checkpoint_dtype(path) -> str | None:
+    """The dtype a checkpoint's config.json says its weights are stored in (`dtype`, or `torch_dtype` before
+    transformers 4.56), which `dtype: auto` loads them in."""
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    for part in (cfg, cfg.get("text_config") or {}):
+        stored = part.get("dtype") or part.get("torch_dtype")
+        if isinstance(stored, str):
+            return stored.removeprefix("torch.")
+    return None
+
+
+def weights_dtype(values) -> tuple[str, str]:
+    """(dtype, why) of the policy's weights as `grpokit train` loads them: model_init_kwargs' dtype wins over dtype
+    (as TRL merges them), unset means float32, and 'auto' takes the checkpoint's own (its config.json)."""
+    init_kwargs = values.get("model_init_kwargs")
+    given = init_kwargs.get("dtype") if isinstance(init_kwargs, dict) else None
+    dtype, why = (str(given).removeprefix("torch."), "model_init_kwargs") if given is not None else (None, "")
+    if dtype is None:
+        dtype = values.get("dtype") or "float32"
+    if dtype == "auto":
+        stored = _checkpoint_dtype(values["model_name_or_path"])
+        if stored is None:
+            return "float32", "dtype auto, and config.json names no dtype: assumed"
+        return stored, "dtype auto: the checkpoint's, from config.json"
+    return dtype, why
 
 
 def parameter_count(dims) -> int:
@@ -196,7 +232,7 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
     h, n_layers, inter, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["vocab"]
     linear_shapes = _linear_shapes(dims)
     params = parameter_count(dims)
-    dtype = values.get("dtype") or "float32"
+    dtype, dtype_why = weights_dtype(values)
     weight_bytes = _BYTES.get(dtype, 4)
     peft = bool(values.get("use_peft"))
     if peft:
@@ -213,7 +249,7 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
     plan = sharding(accelerate_config, processes)
     mixed = _mixed_precision(values, accelerate_config)
     held_bytes, grad_bytes, optim_bytes, ref_bytes = weight_bytes, weight_bytes, 2 * weight_bytes, weight_bytes
-    held_how = dtype
+    held_how = f"{dtype} ({dtype_why})" if dtype_why else dtype
     optim_how = "AdamW: 2 moments per trainable weight"
     if plan.kind == "deepspeed" and mixed != "no":
         held_bytes, grad_bytes, optim_bytes, ref_bytes = 2, 2, 12, 2
@@ -270,20 +306,32 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
             + (" (less what is offloaded to CPU memory)" if plan.offloaded else ""),
         )
     )
+    logits = micro * completion * vocab * 4
     rows.append(
         (
             "logits (one micro-batch)",
-            _gib(micro * completion * vocab * 4),
+            _gib(logits),
             f"{micro} x {completion} completion tokens x {vocab} vocab, float32; grpokit computes them in chunks",
         )
     )
+    activations = micro * seq * n_layers * act_per_token_layer * weight_bytes
     rows.append(
         (
             "activations (one micro-batch)",
-            _gib(micro * seq * n_layers * act_per_token_layer * weight_bytes),
+            _gib(activations),
             f"rough: {micro} x {seq} tokens x {n_layers} layers, "
             f"{'with' if values.get('gradient_checkpointing') else 'without'} gradient checkpointing; "
             f"{prompt_note}",
+        )
+    )
+    per_process_total = total + logits + activations
+    rows.append(("total per process", _gib(per_process_total), "model states + logits + activations"))
+    rows.append(
+        (
+            f"total, {processes} process{'es' if processes != 1 else ''}",
+            _gib(per_process_total * processes),
+            f"{processes} x total per process: the whole launch"
+            + (", less what is offloaded to CPU memory" if plan.offloaded else ""),
         )
     )
     return rows

@@ -25,9 +25,16 @@ def recipe_text(name: str) -> str:
 
 
 def recipe_summary(name: str) -> str:
-    """The first comment line of a recipe: its paper."""
-    first = recipe_text(name).splitlines()[0]
-    return first.lstrip("# ").strip()
+    """The first sentence of a recipe's header comment, its paper: the comment lines up to the first that ends with a
+    full stop (a citation may take two lines)."""
+    words = []
+    for line in recipe_text(name).splitlines():
+        if not line.startswith("#"):
+            break
+        words.append(line.lstrip("# ").strip())
+        if words[-1].endswith("."):
+            break
+    return " ".join(words)
 
 
 def load_recipe(name: str) -> dict:

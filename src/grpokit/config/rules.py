@@ -31,6 +31,9 @@ class Problem:
     value: Any = _UNSET
     hint: str | None = None
     source: str | None = None
+    # Batch geometry only: the smallest process counts at which the geometry holds (`valid_process_counts`), when
+    # the number of processes alone is what breaks it.
+    processes: tuple[int, ...] = ()
 
     def line(self) -> str:
         where = self.field
@@ -379,17 +382,21 @@ def num_processes_from_env() -> int:
 
 
 _PLANNED_PROCESSES: contextvars.ContextVar[int | None] = contextvars.ContextVar("planned_processes", default=None)
+_GEOMETRY_NOTED: contextvars.ContextVar[bool] = contextvars.ContextVar("geometry_noted", default=False)
 
 
 @contextlib.contextmanager
-def planned_processes(processes: int):
+def planned_processes(processes: int, *, noted: bool = False):
     """Within this block, a GRPOConfig derives its batch geometry for `processes` processes instead of its own world
-    size: the parser builds the dataclasses for the launch it checks (`--num_processes 8` checked in one process)."""
-    token = _PLANNED_PROCESSES.set(processes)
+    size: the parser builds the dataclasses for the launch it checks (`--num_processes 8` checked in one process).
+    `noted=True`: the caller has told the user the geometry's problems at this count already, as notes (`grpokit
+    config` given no process count), so the geometry is derived without raising them."""
+    tokens = _PLANNED_PROCESSES.set(processes), _GEOMETRY_NOTED.set(noted)
     try:
         yield
     finally:
-        _PLANNED_PROCESSES.reset(token)
+        _PLANNED_PROCESSES.reset(tokens[0])
+        _GEOMETRY_NOTED.reset(tokens[1])
 
 
 def geometry_processes(world_size: int) -> int:
@@ -406,11 +413,63 @@ def _nearest_multiples(value: int, step: int) -> list[int]:
 
 
 def _divisors_at_least_2(n: int) -> list[int]:
-    return [d for d in range(2, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
+    return [d for d in sorted(set(small + [n // d for d in small])) if d >= 2]
+
+
+# The process counts searched for those at which a broken batch geometry holds, and how many of them are named.
+PROCESS_COUNTS_SEARCHED = 1024
+PROCESS_COUNTS_NAMED = 3
+
+
+def valid_process_counts(values: dict[str, Any]) -> list[int]:
+    """The smallest process counts (up to PROCESS_COUNTS_NAMED, within 1..PROCESS_COUNTS_SEARCHED) at which every
+    batch-geometry rule holds. With the generation batch derived (per_device x processes x steps), N processes
+    make whole groups from N = num_generations / gcd(num_generations, per_device x steps) on, so some count exists
+    unless a rule the process count cannot mend also fails (e.g. an explicit generation_batch_size that is not a
+    multiple of num_generations)."""
+    counts = []
+    for n in range(1, PROCESS_COUNTS_SEARCHED + 1):
+        if not _geometry(values, n, explain=False)[1]:
+            counts.append(n)
+            if len(counts) == PROCESS_COUNTS_NAMED:
+                break
+    return counts
+
+
+def _or_list(items) -> str:
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
 def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str, int], list[Problem]]:
-    """TRL's batch-geometry rules. Returns (derived steps_per_generation and generation_batch_size, problems)."""
+    """TRL's batch-geometry rules. Returns (derived steps_per_generation and generation_batch_size, problems).
+    When another process count would mend every problem, each problem names the smallest such counts (in its hint,
+    and in `Problem.processes`)."""
+    derived, problems = _geometry(values, num_processes)
+    counts = valid_process_counts(values) if problems else []
+    if counts:
+        also = f"or {_or_list(counts)} processes"
+        problems = [
+            dataclasses.replace(p, hint=f"{p.hint}; {also}" if p.hint else also, processes=tuple(counts))
+            for p in problems
+        ]
+    return derived, problems
+
+
+def process_count_note(problem: Problem, processes: int) -> str:
+    """The note that stands for a geometry problem caused only by the process count, when no count was given (no
+    --num_processes, accelerate config with num_processes, or WORLD_SIZE): `grpokit config` assumes `processes`."""
+    line = dataclasses.replace(problem, hint=None).line()
+    return (
+        f"no process count given, so checked at {processes} process{'es' if processes != 1 else ''}: {line}; the "
+        f"batch geometry holds at {_or_list(problem.processes)} processes (pass --num_processes N to check one)"
+    )
+
+
+def _geometry(values: dict[str, Any], num_processes: int, explain=True) -> tuple[dict[str, int], list[Problem]]:
+    """`check_geometry` at one count. `explain=False` (searching counts): only whether the group rule fails, without
+    working out its nearest valid values, which can take long for a large generation batch."""
     per_device = values.get("per_device_train_batch_size")
     grad_accum = values.get("gradient_accumulation_steps")
     num_gen = values.get("num_generations")
@@ -460,7 +519,11 @@ def check_geometry(values: dict[str, Any], num_processes: int) -> tuple[dict[str
     else:
         steps = gen_batch // global_batch
     if gen_batch % num_gen != 0:
-        problems.append(_group_problem(values, gen_batch, num_gen, global_batch, num_processes))
+        problems.append(
+            _group_problem(values, gen_batch, num_gen, global_batch, num_processes)
+            if explain
+            else Problem("num_generations", "does not divide the generation batch")
+        )
     derived = {"steps_per_generation": steps, "generation_batch_size": gen_batch}
     eval_strategy = getattr(values.get("eval_strategy"), "value", values.get("eval_strategy"))  # enum or str
     if eval_strategy not in (None, "no"):  # TrainingArguments turns do_eval on whenever evaluation is scheduled
@@ -513,7 +576,7 @@ def _group_problem(values, gen_batch, num_gen, global_batch, num_processes) -> P
 
 def derive_batch_geometry(values: dict[str, Any], *, num_processes: int) -> dict[str, int]:
     derived, problems = check_geometry(values, num_processes)
-    if problems:
+    if problems and not _GEOMETRY_NOTED.get():
         raise ConfigError(problems)
     return derived
 

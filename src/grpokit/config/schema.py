@@ -8,11 +8,30 @@ import json
 import typing
 from typing import Any
 
-from .migrations import RENAMED_KEYS
+from .migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS
 from .recipes import recipe_names
-from .rules import RANGES
+from .rules import MAPPING_FIELDS, RANGES
 from .script_args import DatasetConfig
 from .types import MAPPING_ITEM_FIELDS, _union_args, field_choices, field_types, strip_optional
+
+# A number written as a string: YAML 1.1 reads `1e-6` or `5e-7` (no dot) as a string, which the parser accepts for a
+# float field as the command line does.
+NUMBER_STRING = {"type": "string", "pattern": r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"}
+# `dict | str` fields whose string form is JSON only (on the command line); a plain string is not a mapping. Other
+# `dict | str` fields (deepspeed, fsdp_config, accelerator_config) also take the path of a JSON file.
+JSON_MAPPING_FIELDS = frozenset(MAPPING_FIELDS) | {
+    "lr_scheduler_kwargs",
+    "gradient_checkpointing_kwargs",
+    "dataset_mixture",
+}
+JSON_OBJECT_STRING = {"type": "string", "pattern": r"^\s*\{"}
+
+
+def _json_mapping(schema: dict) -> dict:
+    """`schema` of a `dict | str` field with its string option narrowed to a JSON object."""
+    types = schema.pop("type", [])
+    options = schema.pop("anyOf", None) or [{"type": t} for t in ([types] if isinstance(types, str) else types)]
+    return {**schema, "anyOf": [JSON_OBJECT_STRING if o == {"type": "string"} else o for o in options]}
 
 
 def _type_schema(tp) -> dict:
@@ -22,7 +41,9 @@ def _type_schema(tp) -> dict:
         schema = {"enum": list(choices) + ([None] if optional else [])}
         return schema
     members = _union_args(inner) or (inner,)
-    options = [_single(m) for m in members]
+    options = []
+    for option in (_single(m) for m in members):
+        options += option["anyOf"] if set(option) == {"anyOf"} else [option]  # float: number or number string
     if optional:
         options.append({"type": "null"})
     if len(options) == 1:
@@ -40,7 +61,7 @@ def _single(tp) -> dict:
     if tp is int:
         return {"type": "integer"}
     if tp is float:
-        return {"type": "number"}
+        return {"anyOf": [{"type": "number"}, NUMBER_STRING]}
     if tp is str:
         return {"type": "string"}
     if tp is dict or origin is dict:
@@ -67,6 +88,8 @@ def _jsonable(value):
 
 def _field_schema(dtype, f) -> dict:
     schema = _type_schema(field_types(dtype)[f.name])
+    if f.name in JSON_MAPPING_FIELDS:
+        schema = _json_mapping(schema)
     if f.name in RANGES:
         low, low_inc, high, high_inc = RANGES[f.name]
         if low is not None:
@@ -133,6 +156,8 @@ def build_schema(dataclass_types) -> dict:
             target = dict(properties.get(new, {})) if new else {}
             target.pop("default", None)
             target.update({"deprecated": True, "description": f"Deprecated: {why}."})
+            if old in REMOVED_KEY_ERRORS:
+                target["not"] = {}  # no value is valid: the parser refuses the key
             properties[old] = target
         else:
             properties[old]["deprecated"] = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .rules import validate_instance
 
@@ -69,6 +70,120 @@ class GRPOScriptArguments(ScriptArguments):
         metadata={
             "help": "Reward functions: built-in names (see `grpokit recipes` and the README), dotted import paths "
             "(`my_pkg.rewards.fn`), or in YAML `{name: ..., kwargs: {...}}` entries."
+        },
+    )
+
+    # ---- open-r1's reward fields: offered to the built-in reward factories (a reward's own kwargs win) ----
+    cosine_min_value_wrong: float = field(
+        default=0.0,
+        metadata={
+            "help": "`cosine` reward: score of a wrong answer of length 0 (it rises to cosine_max_value_wrong at "
+            "cosine_max_len). open-r1 field, with its default 0.0 (the factory called from Python without a config "
+            "uses -1.0)."
+        },
+    )
+    cosine_max_value_wrong: float = field(
+        default=-0.5,
+        metadata={"help": "`cosine` reward: score of a wrong answer of cosine_max_len characters. open-r1 field."},
+    )
+    cosine_min_value_correct: float = field(
+        default=0.5,
+        metadata={"help": "`cosine` reward: score of a correct answer of cosine_max_len characters. open-r1 field."},
+    )
+    cosine_max_value_correct: float = field(
+        default=1.0,
+        metadata={"help": "`cosine` reward: score of a correct answer of length 0. open-r1 field."},
+    )
+    cosine_max_len: int = field(
+        default=1000,
+        metadata={
+            "help": "`cosine` reward: length in characters at which the cosine schedule ends (the `max_len` "
+            "parameter). open-r1 field."
+        },
+    )
+    repetition_n_grams: int = field(
+        default=3,
+        metadata={
+            "help": "`repetition_penalty` reward: n-gram size in words (the `ngram_size` parameter). open-r1 field."
+        },
+    )
+    repetition_max_penalty: float = field(
+        default=-1.0,
+        metadata={
+            "help": "`repetition_penalty` reward: penalty (<= 0) of a completion made only of repeated n-grams (the "
+            "`max_penalty` parameter). open-r1 field."
+        },
+    )
+    max_completion_len: int | None = field(
+        default=None,
+        metadata={
+            "help": "`soft_overlong_punishment` reward: length in tokens where the penalty reaches -1. Unset follows "
+            "max_completion_length (open-r1's default, 16384, would never punish a shorter max_completion_length). "
+            "open-r1 field."
+        },
+    )
+    soft_punish_cache: int | None = field(
+        default=None,
+        metadata={
+            "help": "`soft_overlong_punishment` reward: the window, in tokens, before max_completion_len over which "
+            "the penalty falls from 0 to -1. Unset: a quarter of max_completion_len (or of max_completion_length "
+            "when that is unset too); open-r1's default is 4096. open-r1 field."
+        },
+    )
+    # ---- open-r1's code-execution fields: offered to the code reward factories under these names ----
+    code_language: Literal["python", "javascript", "r", "java", "bash", "cpp"] = field(
+        default="python",
+        metadata={"help": "Language of the code the code rewards extract and run. open-r1 field."},
+    )
+    code_eval_test_batch_size: int = field(
+        default=1,
+        metadata={
+            "help": "Code rewards: test cases run at once per completion; evaluation stops at the first batch with "
+            "a failure. open-r1 field."
+        },
+    )
+    code_eval_scoring_mode: Literal["pass_fail", "partial", "weighted_sum"] = field(
+        default="weighted_sum",
+        metadata={
+            "help": "open-r1's scoring of its Codeforces reward (cf_code): 'pass_fail', 'partial' or "
+            "'weighted_sum'. grpokit has no cf_code reward, so a value other than the default is refused; `code` "
+            "scores the fraction of tests passed and `binary_code` 1/0, as in open-r1. open-r1 field."
+        },
+    )
+    parallel_code_exec_per_proc: int = field(
+        default=2,
+        metadata={"help": "Code rewards: code executions run in parallel by each training process. open-r1 field."},
+    )
+    code_provider: Literal["local", "e2b", "morph"] = field(
+        default="local",
+        metadata={
+            "help": "Where the code rewards run code: 'local' (a sandbox on this machine) or the remote services "
+            "'e2b' and 'morph', which grpokit's code rewards refuse (offline-first). open-r1 field; its default is "
+            "'e2b'."
+        },
+    )
+    ioi_provider: Literal["piston", "morph", "local"] = field(
+        default="piston",
+        metadata={
+            "help": "Where the ioi_code reward runs programs: 'local' (this machine's sandbox; stdin/stdout tests "
+            "given inline in a test_cases column, no grader files) or open-r1's remote 'piston' / 'morph' workers, "
+            "which grpokit refuses (offline-first). open-r1 field and default."
+        },
+    )
+    e2b_router_url: str | None = field(
+        default=None,
+        metadata={"help": "Code rewards: URL of an E2B router (code_provider 'e2b'). open-r1 field."},
+    )
+    morph_router_url: str | None = field(
+        default=None,
+        metadata={"help": "Code rewards: URL of a MorphCloud router (code_provider 'morph'). open-r1 field."},
+    )
+    dataset_mixture: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "open-r1's dataset mixture ({datasets: [{id, config, split, columns, weight}], seed, "
+            "test_split_size}); refused when set: write it as a `datasets:` mixture (path, name, split, columns, "
+            "fraction). open-r1 field."
         },
     )
 

@@ -10,12 +10,23 @@ import dataclasses
 
 # field -> why it is not available yet
 NOT_IMPLEMENTED: dict[str, str] = {
+    "code_eval_scoring_mode": "it scores open-r1's Codeforces reward (cf_code), which grpokit does not have; the code "
+    "and binary_code rewards score the fraction of tests passed and pass/fail",
     "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
     "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
     "max_tool_calling_iterations": "tool-calling agents are not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
     "dataset_streaming": "streaming datasets are not supported yet (the sampler needs a map-style dataset)",
     "streaming": "streaming dataset mixtures are not supported yet (the sampler needs a map-style dataset)",
+    # open-r1's fields that drive its cluster and Hub tooling
+    "callbacks": "open-r1's callbacks need its Hub tooling (revision pushes); pass TrainerCallback objects to "
+    "GRPOTrainer instead",
+    "benchmarks": "open-r1's benchmarks run as Slurm jobs after training; run them yourself on the saved model",
+    "hub_model_revision": "pushes to a Hub branch are not supported (runs are offline-first)",
+    "overwrite_hub_revision": "pushes to a Hub branch are not supported (runs are offline-first)",
+    "push_to_hub_revision": "pushes to a Hub branch are not supported (runs are offline-first)",
+    "dataset_mixture": "open-r1's mixture format is not read: write it as a `datasets:` mixture (id -> path, config "
+    "-> name, split, columns; a weight w keeps that fraction of the rows: fraction)",
 }
 
 # `log_multimodal`: it only concerns images, and image prompts / multimodal processors are refused by the trainer.
@@ -31,6 +42,8 @@ def unsupported_settings(*configs) -> list[str]:
             if f.name not in NOT_IMPLEMENTED:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
             value = getattr(config, f.name, default)
             if value != default:
                 lines.append(f"{f.name}={value!r}: {NOT_IMPLEMENTED[f.name]}")
