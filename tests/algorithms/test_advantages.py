@@ -212,3 +212,18 @@ def test_bad_arguments():
         group_advantages(torch.zeros(4, 1), 2, scale_rewards="global")
     with pytest.raises(ValueError):
         group_advantages(torch.zeros(4, 1), 2, multi_objective_aggregation="mean")
+
+
+def test_huge_rewards_keep_their_advantages():
+    # rewards 1e20 and 3e20 in one group: mean 2e20, deviations -/+1e20, Bessel std sqrt(2e40 / 1) = 1.41421e20, so
+    # the advantages are -/+1/sqrt(2). In float32 the squared deviations (1e40) overflow to inf: advantages 0.
+    from grpokit.algorithms import group_advantages, reward_metrics
+
+    rewards = torch.tensor([[1e20], [3e20]], dtype=torch.float32)
+    advantages = group_advantages(rewards, 2)
+    assert advantages.dtype == torch.float32
+    assert advantages.tolist() == pytest.approx([-(0.5**0.5), 0.5**0.5], rel=1e-6)
+    metrics = reward_metrics(rewards, 2)
+    assert metrics["reward"].item() == pytest.approx(2e20, rel=1e-6)
+    assert metrics["reward_std"].item() == pytest.approx(2**0.5 * 1e20, rel=1e-6)
+    assert metrics["frac_reward_zero_std"].item() == 0.0

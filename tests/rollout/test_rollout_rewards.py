@@ -322,3 +322,41 @@ def test_any_failure_in_scoring_reaches_the_other_processes_as_a_reward_error(ti
     with pytest.raises(RewardError, match=r"^scoring rewards failed on process 0: MemoryError\('no room'\)$"):
         _agreed_rewards(failing, rewards, PROMPTS, COMPLETIONS, IDS)
     assert failing.gathered == [["MemoryError('no room')"]]
+
+
+def test_each_reward_gets_its_own_copy_of_its_inputs():
+    seen = {}
+
+    def vandal(prompts, completions, completion_ids, solution, **kwargs):
+        prompts[0] = "changed"
+        completions.clear()
+        completion_ids[0].append(99)
+        solution[0] = "changed"
+        return [0.0] * len(prompts)
+
+    def witness(prompts, completions, completion_ids, solution, **kwargs):
+        seen.update(prompts=list(prompts), completions=list(completions), ids=completion_ids[0], solution=solution[0])
+        return [1.0] * len(prompts)
+
+    async def async_witness(prompts, completions, **kwargs):
+        seen["async_completions"] = list(completions)
+        return [2.0] * len(prompts)
+
+    prompts, completions, ids = ["p1", "p2"], ["c1", "c2"], [[1, 2], [3]]
+    columns = {"solution": ["s1", "s2"]}
+    rewards = RewardFunctions([vandal, witness, async_witness])(prompts, completions, ids, columns=columns)
+    assert rewards.tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+    assert seen == {
+        "prompts": ["p1", "p2"],
+        "completions": ["c1", "c2"],
+        "ids": [1, 2],
+        "solution": "s1",
+        "async_completions": ["c1", "c2"],
+    }
+    # the caller's lists, which the logs and the loss use, are untouched too
+    assert (prompts, completions, ids, columns["solution"]) == (
+        ["p1", "p2"],
+        ["c1", "c2"],
+        [[1, 2], [3]],
+        ["s1", "s2"],
+    )

@@ -121,8 +121,10 @@ def _advantages_and_std(
     scale_rewards: str,
     multi_objective_aggregation: str,
 ) -> tuple[Tensor, Tensor]:
-    """Advantages `(N,)` (NaN not yet zeroed) and the std `(N,)` they were scaled by (TRL's `std_rewards`)."""
-    rewards = _as_matrix(rewards, num_generations)
+    """Advantages `(N,)` (NaN not yet zeroed) and the std `(N,)` they were scaled by (TRL's `std_rewards`), computed
+    in float64: rewards of any float32 magnitude (up to ~3e38) have a finite variance there, where float32 would
+    overflow past ~1e19 and silently give zero advantages."""
+    rewards = _as_matrix(rewards, num_generations).double()
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     weights = _weights(rewards, reward_weights)
@@ -192,7 +194,7 @@ def group_advantages(
     advantages, _ = _advantages_and_std(
         rewards, num_generations, reward_weights, scale_rewards, multi_objective_aggregation
     )
-    return torch.nan_to_num(advantages, nan=0.0)
+    return torch.nan_to_num(advantages, nan=0.0).to(rewards.dtype)  # float64 inside, the rewards' dtype out
 
 
 def reward_metrics(
@@ -214,13 +216,14 @@ def reward_metrics(
 
     Args: as for `group_advantages`.
     """
-    rewards = _as_matrix(rewards, num_generations)
+    dtype = rewards.dtype
+    rewards = _as_matrix(rewards, num_generations).double()  # float64 inside (see _advantages_and_std)
     _, std = _advantages_and_std(rewards, num_generations, reward_weights, scale_rewards, multi_objective_aggregation)
     summed = weighted_reward_sum(rewards, reward_weights)
     return {
-        "reward": torch.nanmean(summed),
-        "reward_std": nanstd(summed),
+        "reward": torch.nanmean(summed).to(dtype),
+        "reward_std": nanstd(summed).to(dtype),
         "frac_reward_zero_std": torch.isclose(std, torch.zeros_like(std)).float().mean(),
-        "per_function_mean": torch.nanmean(rewards, dim=0),
-        "per_function_std": nanstd(rewards, dim=0),
+        "per_function_mean": torch.nanmean(rewards, dim=0).to(dtype),
+        "per_function_std": nanstd(rewards, dim=0).to(dtype),
     }

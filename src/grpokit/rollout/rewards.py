@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import copy
 import functools
 import inspect
 import math
@@ -152,15 +153,16 @@ class RewardFunctions:
             elif is_async_callable(func):
                 pending.append(i)
             else:
+                own = _own_copy(batch, kwargs, extra_kwargs)
                 try:
-                    output = self._within_timeout(i, batch, functools.partial(func, **batch, **kwargs))
+                    output = self._within_timeout(i, batch, functools.partial(func, **own))
                 except _RewardTimeout:
                     raise
                 except Exception as error:
                     raise self._locate_failure(i, error, batch, kwargs) from error
                 rewards[:, i] = self._to_column(i, output, prompts, completions)
         if pending:
-            outputs = self._run_async([(i, {**batch, **kwargs}) for i in pending])
+            outputs = self._run_async([(i, _own_copy(batch, kwargs, extra_kwargs)) for i in pending])
             for i, output in zip(pending, outputs, strict=True):
                 if output is _TIMED_OUT:
                     raise self._timeout_error(i, batch)
@@ -317,6 +319,14 @@ class RewardFunctions:
         inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         return model(**inputs).logits[:, 0].float().cpu()  # (N,)
+
+
+def _own_copy(batch: dict, kwargs: dict, extra_kwargs: dict) -> dict:
+    """A reward function's arguments: its own deep copy of the prompts, completions, completion ids and dataset
+    columns, so that a function changing them changes nothing another function, the logs or the loss see. The
+    trainer's objects (`trainer_state`, `log_extra`, `log_metric`, ...) are passed as they are."""
+    data = copy.deepcopy({**batch, **{k: v for k, v in kwargs.items() if k not in extra_kwargs}})
+    return {**data, **{k: v for k, v in kwargs.items() if k in extra_kwargs}}
 
 
 def _per_sample(value: Any, n: int) -> bool:
