@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -384,7 +385,17 @@ def run_launch(request: LaunchRequest, child_args, mixed_precision: str | None =
         file=sys.stderr,
         flush=True,
     )
-    return subprocess.run(command, env=launch_env(request)).returncode
+    child = subprocess.Popen(command, env=launch_env(request))
+    # A scheduler's SIGTERM (or a Ctrl-C sent to this process alone) reaches the launch, whose processes then save
+    # and stop (see grpokit.stopping); this process waits for them instead of dying first and orphaning them.
+    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code  # killed by a signal: the shell's convention, 128 + its number
 
 
 def _int(value) -> int | None:

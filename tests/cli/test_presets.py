@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,14 +40,17 @@ def run(capsys):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Every subprocess.run call (the launch) is recorded instead of run; it "exits" with 7."""
+    """Every subprocess.Popen call (the launch) is recorded instead of run; it "exits" with 7."""
     calls = []
 
-    def fake_run(command, **kwargs):
-        calls.append((list(command), kwargs.get("env")))
-        return subprocess.CompletedProcess(command, 7)
+    class FakeLaunch:
+        def __init__(self, command, **kwargs):
+            calls.append((list(command), kwargs.get("env")))
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+        def wait(self):
+            return 7
+
+    monkeypatch.setattr(subprocess, "Popen", FakeLaunch)
     return calls
 
 
@@ -341,3 +345,31 @@ def test_demo_really_runs_two_processes(tmp_path, preset, extra):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["epoch"]) for r in rows if "reward" in r] == [(1, 0.002), (2, 0.004)]
     assert (out / "model.safetensors").is_file()
+
+
+def test_sigterm_to_a_two_process_launch_saves_one_checkpoint_and_stops_every_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("ACCELERATE_")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    out = tmp_path / "demo"
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--accelerate_config", "multi_cpu"]
+    command += ["--num_processes", "2", "--main_process_port", str(_free_port())]
+    command += ["--max_steps", "400", "--logging_steps", "1", "--output_dir", str(out)]
+    launch = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in launch.stdout:  # process 0's first progress line: both processes are training
+        if line.startswith("step"):
+            break
+    launch.send_signal(signal.SIGTERM)  # to the grpokit process that started the launch, as a scheduler would
+    _, err = launch.communicate(timeout=120)
+    assert launch.returncode == 143, err[-3000:]
+    saved = [line for line in err.splitlines() if "saved to" in line]
+    assert len(saved) == 1, err[-3000:]  # only process 0, which wrote, says where
+    step = int(saved[0].split("stopped after step ")[1].split(";")[0])
+    assert saved[0] == (
+        f"error: SIGTERM: stopped after step {step}; checkpoint saved to {out / f'checkpoint-{step}'} (continue with "
+        "--resume_from_checkpoint true)"
+    )
+    # Both processes stopped at the same step and saved it together: one complete checkpoint, both RNG states.
+    checkpoints = sorted(p.name for p in out.iterdir() if "checkpoint" in p.name)
+    assert checkpoints == [f"checkpoint-{step}"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= set(os.listdir(out / checkpoints[0]))
+    assert not (out / ".grpokit.lock").exists()
