@@ -135,3 +135,55 @@ def test_unreadable_local_files_say_why(tmp_path, name, content, reason):
         load_train_eval(script, None, want_eval=False)
     assert str(info.value).startswith(f"dataset {str(path)!r} could not be loaded: {reason}")
     assert "\n" not in str(info.value)
+
+
+def test_single_dataset_without_eval_split_names_both_ways(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}])
+    with pytest.raises(DataError) as info:
+        load_train_eval(GRPOScriptArguments(dataset_name=path), DatasetMixtureConfig(), want_eval=True)
+    message = str(info.value)
+    assert message.startswith(f"dataset {path!r} has no split 'test'; it has train. For evaluation, ")
+    assert "dataset_test_split to a local eval file" in message and "test_split_size to hold out" in message
+    assert "\n" not in message
+
+
+def test_eval_file_as_dataset_test_split(tmp_path):
+    train_path = _jsonl(tmp_path / "d.jsonl", [{"question": "t1"}, {"question": "t2"}])
+    eval_path = _jsonl(tmp_path / "e.jsonl", [{"question": "e1"}])
+    args = GRPOScriptArguments(dataset_name=train_path, dataset_test_split=eval_path, dataset_prompt_column="question")
+    train, evaluation = load_train_eval(args, DatasetMixtureConfig(), want_eval=True)
+    assert train["prompt"] == ["t1", "t2"] and evaluation["prompt"] == ["e1"]  # same prompt handling as train
+    assert load_train_eval(args, DatasetMixtureConfig(), want_eval=False)[1] is None
+    # a mixture takes an eval file too
+    mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path=train_path)])
+    assert load_train_eval(args, mixture, want_eval=True)[1]["prompt"] == ["e1"]
+    missing = GRPOScriptArguments(dataset_name=train_path, dataset_test_split=str(tmp_path / "nope.jsonl"))
+    with pytest.raises(DataError, match=r"^dataset_test_split \(the eval file\): dataset file .*nope.jsonl does not"):
+        load_train_eval(missing, DatasetMixtureConfig(), want_eval=True)
+
+
+def test_test_split_size_holds_out_rows_of_a_single_dataset(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
+    args = GRPOScriptArguments(dataset_name=path)
+    train, evaluation = load_train_eval(args, DatasetMixtureConfig(test_split_size=0.2), want_eval=True)
+    assert len(train) == 8 and len(evaluation) == 2
+    assert sorted([*train["prompt"], *evaluation["prompt"]]) == sorted(f"p{i}" for i in range(10))
+    again = load_train_eval(args, DatasetMixtureConfig(test_split_size=0.2), want_eval=True)[1]
+    assert list(again["prompt"]) == list(evaluation["prompt"])  # the same rows every time (resumed runs too)
+    train, evaluation = load_train_eval(args, DatasetMixtureConfig(test_split_size=3), want_eval=True)
+    assert len(train) == 7 and len(evaluation) == 3  # 1 or more: a number of rows
+    with pytest.raises(DataError, match="test_split_size=10: dataset .* has 10 rows, too few"):
+        load_train_eval(args, DatasetMixtureConfig(test_split_size=10), want_eval=True)
+    with pytest.raises(DataError, match="test_split_size=2.5: a number of rows must be whole"):
+        load_train_eval(args, DatasetMixtureConfig(test_split_size=2.5), want_eval=True)
+    eval_file = _jsonl(tmp_path / "e.jsonl", [{"prompt": "e"}])
+    both = GRPOScriptArguments(dataset_name=path, dataset_test_split=eval_file)
+    with pytest.raises(DataError, match="both give eval data; set one of them"):
+        load_train_eval(both, DatasetMixtureConfig(test_split_size=0.2), want_eval=True)
+
+
+def test_mixture_without_eval_data_names_both_ways(tmp_path):
+    a = _jsonl(tmp_path / "a.jsonl", [{"prompt": "a"}])
+    mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path=a)])
+    with pytest.raises(DataError, match="mixture has no eval data; set dataset_test_split to a local eval file"):
+        load_train_eval(GRPOScriptArguments(), mixture, want_eval=True)

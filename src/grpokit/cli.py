@@ -201,6 +201,14 @@ def _config(args) -> int:
         for line in machine_problems(launch):
             print(f"note: on this machine {line}", file=sys.stderr)
     if sub == "validate":
+        from grpokit.config.support import unsupported_settings
+
+        # What `grpokit train` refuses from the configuration alone (not the machine) fails validation too.
+        refused = unsupported_settings(*resolution.instances)
+        for line in refused:
+            _error(line)
+        if refused:
+            return 2
         print("ok")
     elif sub == "show":
         from grpokit.config import render

@@ -6,6 +6,7 @@ are raised as `DataError` with one line that names the dataset, the split, the c
 
 from __future__ import annotations
 
+import math
 import os
 
 _LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -114,19 +115,23 @@ def _local_file_problem(path: str, ext: str) -> str | None:
     return None
 
 
-def _split(dataset_dict, split, what):
+def _split(dataset_dict, split, what, ways: str | None = None):
+    """dataset_dict[split], or a one-line DataError naming the splits there are (and, for the eval split, `ways` to
+    give eval data instead)."""
     if split not in dataset_dict:
         from grpokit.config.suggest import closest
 
         near = closest(split, list(dataset_dict))
         hint = f"; did you mean {near!r}?" if near else f"; it has {', '.join(dataset_dict)}"
-        raise DataError(f"{what} has no split {split!r}{hint}")
+        more = f". For evaluation, {ways}" if ways else ""
+        raise DataError(f"{what} has no split {split!r}{hint}{more}")
     return dataset_dict[split]
 
 
 def load_mixture(mixture) -> dict:
     """TRL's mixture semantics: each entry loaded and column-selected; `fraction`s are target shares of the final
-    mixture (set on all entries or none), the mixture as large as possible without oversampling any dataset."""
+    mixture (set on all entries or none), the mixture as large as possible without oversampling any dataset.
+    With `test_split_size`, that many rows (a fraction, or a count) are held out as the "test" split."""
     import datasets
 
     parts = []
@@ -163,27 +168,86 @@ def load_mixture(mixture) -> dict:
         )
     combined = datasets.concatenate_datasets(parts)
     if mixture.test_split_size is not None:
-        return dict(combined.train_test_split(test_size=mixture.test_split_size))
+        return hold_out(combined, mixture.test_split_size, "the `datasets:` mixture")
     return {"train": combined}
 
 
+# Fixed, so that a resumed run holds out the same rows (datasets' own default draws a new split every time).
+HOLD_OUT_SEED = 42
+
+_EVAL_WAYS = (
+    "set dataset_test_split to a local eval file (.jsonl, .json, .csv or .parquet), or test_split_size to hold out "
+    "a fraction (e.g. 0.1) or a number of rows of the training data"
+)
+
+
+def hold_out(dataset, size: float, what: str) -> dict:
+    """{"train", "test"}: `size` rows of `dataset` held out for evaluation, a fraction when below 1, a number of rows
+    otherwise; the same rows every time (HOLD_OUT_SEED)."""
+    if not hasattr(dataset, "train_test_split"):
+        raise DataError(f"test_split_size={size:g}: {what} is streamed, and a streamed dataset cannot be split")
+    if size >= 1:
+        if size != int(size):
+            raise DataError(f"test_split_size={size:g}: a number of rows must be whole (or a fraction below 1)")
+        size = int(size)
+    rows = len(dataset)
+    if (size if isinstance(size, int) else math.ceil(size * rows)) >= rows:  # datasets rounds a fraction up
+        raise DataError(
+            f"test_split_size={size:g}: {what} has {rows} rows, too few to hold out that many and still train on some"
+        )
+    return dict(dataset.train_test_split(test_size=size, seed=HOLD_OUT_SEED))
+
+
+def is_data_file(value) -> bool:
+    """Whether `value` names a local data file by its extension (.json, .jsonl, .csv, .parquet)."""
+    return isinstance(value, str) and os.path.splitext(value)[1].lower() in _LOCAL_FORMATS
+
+
+def eval_file(script_args) -> str | None:
+    """dataset_test_split when it names a local data file (the eval set), else None (it names a split)."""
+    split = script_args.dataset_test_split
+    return split if is_data_file(split) else None
+
+
 def load_train_eval(script_args, mixture, *, want_eval: bool):
-    """(train dataset, eval dataset or None) from the script arguments or the `datasets:` mixture."""
+    """(train dataset, eval dataset or None) from the script arguments or the `datasets:` mixture.
+
+    The eval set (only when `want_eval`) is, in this order: a local file named by dataset_test_split; the rows held
+    out by test_split_size (of the mixture, or of dataset_name's train split); dataset_test_split as a split."""
+    held_out = mixture.test_split_size if mixture is not None else None
+    eval_path = eval_file(script_args) if want_eval else None
+    if eval_path is not None and held_out is not None:
+        raise DataError(
+            f"dataset_test_split={eval_path!r} (an eval file) and test_split_size={held_out:g} both give eval data; "
+            "set one of them"
+        )
     if mixture is not None and mixture.datasets:
         splits = load_mixture(mixture)
         train = splits["train"]
         evaluation = splits.get("test") if want_eval else None
-        if want_eval and evaluation is None:
-            raise DataError("evaluation is on but the mixture has no test split; set test_split_size")
+        if want_eval and evaluation is None and eval_path is None:
+            raise DataError(
+                f"evaluation is on (eval_strategy) but the `datasets:` mixture has no eval data; {_EVAL_WAYS}"
+            )
     elif script_args.dataset_name:
         loaded = _load(
             script_args.dataset_name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
         )
         what = f"dataset {script_args.dataset_name!r}"
         train = _split(loaded, script_args.dataset_train_split, what)
-        evaluation = _split(loaded, script_args.dataset_test_split, what) if want_eval else None
+        evaluation = None
+        if held_out is not None:
+            splits = hold_out(train, held_out, f"{what} (split {script_args.dataset_train_split!r})")
+            train, evaluation = splits["train"], (splits["test"] if want_eval else None)
+        elif want_eval and eval_path is None:
+            evaluation = _split(loaded, script_args.dataset_test_split, what, ways=_EVAL_WAYS)
     else:
         raise DataError("no training data: set dataset_name or a `datasets:` mixture")
+    if eval_path is not None:
+        try:
+            evaluation = _split(_load(eval_path, streaming=script_args.dataset_streaming), "train", eval_path)
+        except DataError as exc:
+            raise DataError(f"dataset_test_split (the eval file): {exc}") from None
     column, system = script_args.dataset_prompt_column, script_args.system_prompt
     train = prepare_prompts(train, column, system, "train")
     if evaluation is not None:

@@ -1,4 +1,5 @@
-"""`reward_curve.png`: reward ± reward_std and loss over steps, drawn from a run's metrics.jsonl."""
+"""`reward_curve.png`: reward ± reward_std and loss over steps, drawn from a run's metrics.jsonl, with the eval reward
+(`eval_reward` ± `eval_reward_std`) as markers when the run evaluated."""
 
 from __future__ import annotations
 
@@ -21,34 +22,64 @@ def read_metrics(run_dir: str) -> list[dict]:
     return rows
 
 
+def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
+    """The series the plot draws, from metrics.jsonl rows: {"reward": {step, mean, std}, "loss": {step, value},
+    "eval_reward": {step, mean, std}}; a series with no rows has empty lists. Training rows are those with `reward`,
+    evaluation rows those with `eval_reward` (TRL's names; an evaluation's row has no `reward`)."""
+    train = [r for r in rows if "reward" in r and "step" in r]
+    evaluation = [r for r in rows if "eval_reward" in r and "step" in r]
+    losses = [r for r in train if "loss" in r]
+    return {
+        "reward": {
+            "step": [r["step"] for r in train],
+            "mean": [r["reward"] for r in train],
+            "std": [r.get("reward_std", 0.0) for r in train],
+        },
+        "loss": {"step": [r["step"] for r in losses], "value": [r["loss"] for r in losses]},
+        "eval_reward": {
+            "step": [r["step"] for r in evaluation],
+            "mean": [r["eval_reward"] for r in evaluation],
+            "std": [r.get("eval_reward_std", 0.0) for r in evaluation],
+        },
+    }
+
+
 def plot_run(run_dir: str) -> str:
     """Draw RUN_DIR/reward_curve.png; return its path."""
+    series = curve_series(read_metrics(run_dir))
+    reward, loss, evaluation = series["reward"], series["loss"], series["eval_reward"]
+    if not reward["step"]:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no logged training step with a reward")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in read_metrics(run_dir) if "reward" in r and "step" in r]
-    if not rows:
-        raise ValueError(f"{run_dir}/metrics.jsonl has no logged training step with a reward")
-    steps = [r["step"] for r in rows]
-    reward = [r["reward"] for r in rows]
-    std = [r.get("reward_std", 0.0) for r in rows]
     fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax_r.plot(steps, reward, color="tab:blue", label="reward (mean)")
+    ax_r.plot(reward["step"], reward["mean"], color="tab:blue", label="reward (mean)")
     ax_r.fill_between(
-        steps,
-        [m - s for m, s in zip(reward, std, strict=True)],
-        [m + s for m, s in zip(reward, std, strict=True)],
+        reward["step"],
+        [m - s for m, s in zip(reward["mean"], reward["std"], strict=True)],
+        [m + s for m, s in zip(reward["mean"], reward["std"], strict=True)],
         color="tab:blue",
         alpha=0.2,
         label="± reward_std",
     )
+    if evaluation["step"]:
+        ax_r.errorbar(
+            evaluation["step"],
+            evaluation["mean"],
+            yerr=evaluation["std"],
+            color="tab:orange",
+            marker="o",
+            linestyle="--",
+            capsize=3,
+            label="eval reward ± std",
+        )
     ax_r.set_ylabel("reward")
     ax_r.legend(loc="lower right")
     ax_r.grid(alpha=0.3)
-    loss_rows = [r for r in rows if "loss" in r]
-    ax_l.plot([r["step"] for r in loss_rows], [r["loss"] for r in loss_rows], color="tab:red")
+    ax_l.plot(loss["step"], loss["value"], color="tab:red")
     ax_l.set_ylabel("loss")
     ax_l.set_xlabel("optimizer step")
     ax_l.grid(alpha=0.3)

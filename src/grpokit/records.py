@@ -126,12 +126,14 @@ def library_progress_bars(resolution=None) -> None:
     "Writing model shards") and huggingface_hub (downloads) for `grpokit train`, whose progress is one line per log.
 
     They stay on when the user asks for them: `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment (the libraries'
-    own switch, which wins anyway), or `disable_tqdm: false` set explicitly in the configuration (`resolution`, once
-    resolved; TrainingArguments' default, None, leaves them off)."""
-    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in ("0", "false", "no", "off"):
-        return
+    own switch; also from a YAML `env:` section, applied when the configuration resolves), or `disable_tqdm: false`
+    set explicitly in the configuration (`resolution`, once resolved; TrainingArguments' default, None, leaves them
+    off: its bars are Trainer's, which grpokit replaces by its progress lines anyway). Called twice: before the
+    configuration is parsed (nothing loads bars before) and with the resolution."""
+    asked_env = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in ("0", "false", "no", "off")
     source = resolution.sources.get("disable_tqdm", "default") if resolution is not None else "default"
-    wanted = source not in ("default", "derived") and resolution.values.get("disable_tqdm") is False
+    asked_config = source not in ("default", "derived") and resolution.values.get("disable_tqdm") is False
+    wanted = asked_env or asked_config
     import datasets
     import transformers.utils.logging as transformers_logging
 

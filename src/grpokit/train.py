@@ -135,6 +135,7 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
             "by a launcher already",
             file=sys.stderr,
         )
+    library_progress_bars(resolution)  # bars back on only if asked: explicit `disable_tqdm: false` or a YAML env
     return _train_here(resolution, demo=demo)
 
 
@@ -358,6 +359,46 @@ def _local_path_problems(path: str) -> list[str]:
     return [f"model_name_or_path={path!r}: {what}{hint}"]
 
 
+_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt")
+
+
+def _local_data_problems(script_args, mixture) -> list[str]:
+    """A dataset written as a local file (a data-file suffix, or a local-looking path) must exist: said here, with the
+    nearest file beside it, instead of after the model loaded."""
+    paths = [("dataset_name", script_args.dataset_name)] if script_args.dataset_name else []
+    paths += [(f"datasets[{i}].path", d.path) for i, d in enumerate(mixture.datasets)]
+    problems = []
+    for key, path in paths:
+        looks_local = path.endswith(_DATA_SUFFIXES) or path.startswith(("/", "./", "../", "~"))
+        expanded = os.path.expanduser(path)
+        if not looks_local or os.path.exists(expanded):
+            continue
+        from grpokit.config.suggest import closest
+
+        parent = os.path.dirname(expanded) or "."
+        near = closest(os.path.basename(expanded), sorted(os.listdir(parent))) if os.path.isdir(parent) else None
+        hint = f"; did you mean {os.path.join(os.path.dirname(path), near)!r}?" if near else ""
+        problems.append(f"{key}={path!r}: no such file or folder{hint}")
+    return problems
+
+
+def _reward_dependency_problems(script_args) -> list[str]:
+    """Built-in rewards that check answers with math-verify need it installed: said before anything loads."""
+    import importlib.util
+
+    from grpokit.rewards import MATH_REWARD_NAMES
+
+    names = [spec.get("name") if isinstance(spec, dict) else spec for spec in script_args.reward_funcs or []]
+    needing = [name for name in names if name in MATH_REWARD_NAMES]
+    if not needing or importlib.util.find_spec("math_verify") is not None:
+        return []
+    listed = ", ".join(repr(n) for n in needing)
+    return [
+        f"reward_funcs: {listed} check(s) answers with math-verify, which is not installed: "
+        "pip install 'grpokit[math]' (or math-verify)"
+    ]
+
+
 def check_train_args(argv):
     """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
     the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
@@ -387,6 +428,7 @@ def check_train_args(argv):
         problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
     if not script_args.dataset_name and not mixture.datasets:
         problems.append("no training data: set dataset_name or a `datasets:` mixture")
+    problems += _local_data_problems(script_args, mixture) + _reward_dependency_problems(script_args)
     # resume_from_checkpoint: true/last -> the latest complete checkpoint; a missing one, or settings changed since
     # the checkpoint (batch geometry, processes, num_generations, loss_type, beta, model), refused here.
     problems += check_resume(resolution)

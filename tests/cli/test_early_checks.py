@@ -2,6 +2,9 @@
 report_to names and packages, flash attention, Liger kernels."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -30,32 +33,45 @@ def test_unknown_report_to_is_a_config_error_with_a_suggestion(run):
     assert errors[0].endswith("did you mean 'wandb'?")
 
 
+def run_hiding(tmp_path, hidden: list[str], *args) -> tuple[int, list[str]]:
+    """`python -m grpokit ARGS` in a subprocess where the `hidden` packages cannot be imported (as if not installed:
+    a sitecustomize sets their sys.modules entries to None); (exit code, error lines)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(f"import sys\nfor name in {hidden!r}:\n    sys.modules[name] = None\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "grpokit", *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+    return result.returncode, [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+
+
 @pytest.mark.parametrize(
-    "flags, expected, needs_missing",
+    "flags, hidden, expected",
     [
-        (
-            ["--report_to", "tensorboard"],
-            "error: report_to='tensorboard': tensorboard is not installed",
-            "tensorboard",
-        ),
-        (
-            ["--use_liger_kernel", "true"],
-            "error: use_liger_kernel=True: liger-kernel is not installed",
-            "liger_kernel",
-        ),
+        (["--report_to", "tensorboard"], ["tensorboard", "tensorboardX"], "error: report_to='tensorboard': tensorboard is not installed"),
+        (["--use_liger_kernel", "true"], ["liger_kernel"], "error: use_liger_kernel=True: liger-kernel is not installed"),
         (
             ["--attn_implementation", "flash_attention_2"],
+            [],
             "error: attn_implementation='flash_attention_2': needs a CUDA GPU and the flash-attn package",
-            None,
         ),
+        (
+            ["--reward_funcs", "accuracy", "format"],
+            ["math_verify"],
+            "error: reward_funcs: 'accuracy' check(s) answers with math-verify, which is not installed: pip install "
+            "'grpokit[math]' (or math-verify)",
+        ),
+        (["--dataset_name", "promts.jsonl"], [], "error: dataset_name='promts.jsonl': no such file or folder; did you mean 'prompts.jsonl'?"),
     ],
-)
-def test_train_refuses_before_loading_or_writing(run, tmp_path, tiny_model_dir, flags, expected, needs_missing):
-    if needs_missing and not missing(needs_missing):
-        pytest.skip(f"{needs_missing} is installed here")
+)  # fmt: skip
+def test_train_refuses_before_loading_or_writing(tmp_path, tiny_model_dir, flags, hidden, expected, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1=", "solution": "2"}\n')
     out = tmp_path / "run"
-    base = ["--model_name_or_path", tiny_model_dir, "--dataset_name", tmp_path / "no-data.jsonl"]
-    code, errors = run("train", *base, "--reward_funcs", "tag_count", "--output_dir", out, *flags)
+    base = ["--model_name_or_path", tiny_model_dir, "--dataset_name", "prompts.jsonl", "--reward_funcs", "tag_count"]
+    code, errors = run_hiding(tmp_path, hidden, "train", *base, "--output_dir", out, *flags)
     assert code == 2 and len(errors) == 1 and errors[0].startswith(expected), errors
     assert not out.exists()  # nothing loaded, nothing written
 
@@ -64,7 +80,9 @@ def test_a_local_model_path_that_does_not_exist(run, tmp_path):
     (tmp_path / "tiny-model").mkdir()
     out = tmp_path / "run"
     typo = str(tmp_path / "tiny-modle")
-    code, errors = run("train", "--model_name_or_path", typo, "--dataset_name", "d.jsonl", "--reward_funcs", "tag_count",
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1="}\n')
+    data = tmp_path / "d.jsonl"
+    code, errors = run("train", "--model_name_or_path", typo, "--dataset_name", data, "--reward_funcs", "tag_count",
                        "--output_dir", out)  # fmt: skip
     assert code == 2 and errors == [
         f"error: model_name_or_path={typo!r}: does not exist; did you mean {str(tmp_path / 'tiny-model')!r}?"

@@ -27,7 +27,10 @@ class ScriptArguments:
     )
     dataset_test_split: str = field(
         default="test",
-        metadata={"help": "Split used for evaluation."},
+        metadata={
+            "help": "Split used for evaluation, or a local .json/.jsonl/.csv/.parquet file holding the eval set "
+            "(grpokit extension)."
+        },
     )
     dataset_streaming: bool = field(
         default=False,
@@ -216,8 +219,8 @@ class DatasetMixtureConfig:
     test_split_size: float | None = field(
         default=None,
         metadata={
-            "help": "Hold out this fraction (in (0, 1)) or number of rows of the mixture for evaluation; unset "
-            "holds out nothing."
+            "help": "Hold out this fraction (in (0, 1)) or number of rows of the training data (the mixture, or "
+            "dataset_name's train split) for evaluation, the same rows every run; unset holds out nothing."
         },
     )
 
