@@ -192,12 +192,23 @@ class RunLock:
                 pass
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether `exc` (or what it was raised from) is "no space left on device" / "quota exceeded"."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+LOW_SPACE_BYTES = 16 * 2**20
+
+
+def is_disk_full(exc: BaseException, path: str | None = None) -> bool:
+    """Whether `exc` comes from a full disk: an OSError "no space left" / "quota exceeded" (or one it was raised
+    from), or, with `path`, any error while that path's disk has less than 16 MiB free. torch.save on a full disk
+    raises a RuntimeError ("unexpected pos 64 vs 0") that names no errno: the free space tells."""
+    error = exc
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(exc):  # torch.save and safetensors wrap the OSError in RuntimeError
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
             return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+        error = error.__cause__ or error.__context__
+    if path is None:
+        return False
+    try:
+        return shutil.disk_usage(_nearest_existing(path)).free < LOW_SPACE_BYTES
+    except OSError:
+        return False

@@ -280,7 +280,7 @@ def _after_failure(trainer, training_args, exc: BaseException, *, first_step) ->
     code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     last = latest_checkpoint(out)
     resume = f"; the last checkpoint is {last} (--resume_from_checkpoint true)" if last else ""
-    if is_disk_full(exc):
+    if is_disk_full(exc, out):
         if writer:
             _remove_staged_checkpoints(out)
             _error(f"disk full at step {step}: the checkpoint being written was removed{resume}; free some space")

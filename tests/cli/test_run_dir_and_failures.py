@@ -241,3 +241,36 @@ def test_nothing_is_saved_when_no_step_was_trained(tmp_path, tiny_model_dir):
         "(no step was trained: nothing saved)"
     )
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("interrupted")]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 512 KiB file system (tmpfs; needs root): room for one checkpoint of the tiny model, not two."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()}); the simulated ENOSPC test stands")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_real_full_disk_keeps_the_previous_checkpoint(tmp_path, tiny_model_dir, small_disk):
+    run = small_disk / "run"
+    recipe = write_recipe(
+        tmp_path, tiny_model_dir, max_steps=8, save_strategy="steps", save_steps=2, output_dir=str(run)
+    )
+    proc = _popen(recipe, tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-2000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    step = int(line.split("disk full at step ")[1].split(":")[0])
+    assert line == (
+        f"error: disk full at step {step}: the checkpoint being written was removed; the last checkpoint is "
+        f"{run / f'checkpoint-{step - 2}'} (--resume_from_checkpoint true); free some space"
+    )
+    assert "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{step - 2}"]
+    assert (run / f"checkpoint-{step - 2}" / "trainer_state.json").is_file()
