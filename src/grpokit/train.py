@@ -199,7 +199,10 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             callbacks=[recorder],
         )
     except (OSError, ValueError, GenerationError) as exc:
-        _error(" ".join(str(exc).split())[:500])
+        message = " ".join(str(exc).split())[:500]
+        if isinstance(exc, OSError):  # transformers' loading errors often leave out what was being loaded
+            message = f"loading {model_args.model_name_or_path!r} failed: {message}"
+        _error(message)
         return 2
     recorder.trainer = trainer
     from grpokit.checkpoints import processes_source

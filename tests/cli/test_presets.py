@@ -58,8 +58,9 @@ def launches(monkeypatch):
 def recipe(tmp_path):
     """A valid training config that nothing loads before the launch (the model and data need not exist)."""
     path = tmp_path / "recipe.yaml"
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1="}\n')  # local data files are checked before a launch
     path.write_text(
-        "model_name_or_path: some-org/some-model\ndataset_name: prompts.jsonl\nreward_funcs: [tag_count]\n"
+        f"model_name_or_path: some-org/some-model\ndataset_name: {tmp_path / 'prompts.jsonl'}\nreward_funcs: [tag_count]\n"
         "num_generations: 4\nper_device_train_batch_size: 4\nreport_to: none\nbf16: false\n"
     )
     return str(path)
@@ -291,14 +292,14 @@ def test_launch_options_in_the_yaml(run, launches, tmp_path, recipe):
 
 def test_launched_processes_do_not_launch_again(run, launches, tmp_path, recipe, monkeypatch):
     """A process started by the launch reads the same YAML (accelerate_config included): it trains, it does not
-    launch. Here the training stops at the data (the dataset does not exist), past the point where it would launch."""
+    launch. Here the training stops at the model (a hub id, offline), past the point where it would launch."""
     with_launch = tmp_path / "with_launch.yaml"
     with_launch.write_text(open(recipe).read() + "accelerate_config: multi_cpu\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(LAUNCHED_ENV, "1")
     code, _, errors = run("train", "--config", with_launch)
     assert code == 2 and launches == []
-    assert len(errors) == 1 and "prompts.jsonl" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith("error: loading 'some-org/some-model' failed: "), errors
 
 
 def test_launch_flags_under_someone_elses_launcher_are_ignored_with_a_warning(launches, recipe, capsys, monkeypatch):
