@@ -343,8 +343,6 @@ def _remove_staged_checkpoints(output_dir: str) -> None:
 def _local_path_problems(path: str) -> list[str]:
     """A model path written as a local one (absolute, ./, ../, ~) must be a folder: said here, with the nearest
     sibling folder, instead of transformers trying the hub with it ("Repo id must use alphanumeric chars")."""
-    if not path.startswith(("/", "./", "../", "~")) and os.sep + ".." not in path:
-        return []
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         return []
@@ -357,6 +355,11 @@ def _local_path_problems(path: str) -> list[str]:
         else []
     )
     near = closest(os.path.basename(expanded.rstrip(os.sep)), siblings)
+    written_as_local = path.startswith(("/", "./", "../", "~")) or os.sep + ".." in path
+    # A bare name (`tiny-modle`) or `org/name` may be a hub id: taken for a local typo only when a folder of nearly
+    # that name is there (`tiny-model`), so that the hub is never tried for it.
+    if not written_as_local and (near is None or parent != "." and not os.path.isdir(parent)):
+        return []
     hint = f"; did you mean {os.path.join(os.path.dirname(path.rstrip(os.sep)), near)!r}?" if near else ""
     what = "is a file, not a model folder" if os.path.exists(expanded) else "does not exist"
     return [f"model_name_or_path={path!r}: {what}{hint}"]

@@ -76,15 +76,15 @@ def test_train_refuses_before_loading_or_writing(tmp_path, tiny_model_dir, flags
     assert not out.exists()  # nothing loaded, nothing written
 
 
-def test_a_local_model_path_that_does_not_exist(run, tmp_path):
+@pytest.mark.parametrize("written", ["absolute", "bare"])
+def test_a_local_model_path_that_does_not_exist(tmp_path, monkeypatch, written):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny-model").mkdir()
-    out = tmp_path / "run"
-    typo = str(tmp_path / "tiny-modle")
     (tmp_path / "d.jsonl").write_text('{"prompt": "1+1="}\n')
-    data = tmp_path / "d.jsonl"
-    code, errors = run("train", "--model_name_or_path", typo, "--dataset_name", data, "--reward_funcs", "tag_count",
-                       "--output_dir", out)  # fmt: skip
-    assert code == 2 and errors == [
-        f"error: model_name_or_path={typo!r}: does not exist; did you mean {str(tmp_path / 'tiny-model')!r}?"
-    ]
+    out = tmp_path / "run"
+    typo = str(tmp_path / "tiny-modle") if written == "absolute" else "tiny-modle"
+    near = str(tmp_path / "tiny-model") if written == "absolute" else "tiny-model"
+    code, errors = run_hiding(tmp_path, [], "train", "--model_name_or_path", typo, "--dataset_name", "d.jsonl",
+                              "--reward_funcs", "tag_count", "--output_dir", out)  # fmt: skip
+    assert code == 2 and errors == [f"error: model_name_or_path={typo!r}: does not exist; did you mean {near!r}?"]
     assert not out.exists()
