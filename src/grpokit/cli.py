@@ -188,7 +188,7 @@ def _config(args) -> int:
     resolution, code = _resolve(rest, import_rewards=import_rewards)
     if resolution is None:
         return code
-    for note in resolution.notes:
+    for note in resolution.notes + (resolution.default_notes if sub == "show" else []):
         print(f"note: {note}", file=sys.stderr)
     launch = resolution.launch
     if launch is not None:

@@ -118,16 +118,16 @@ def test_every_table_row_is_a_renamed_or_removed_key():
 
 
 def test_changed_defaults_are_noted_when_left_unset(write):
-    notes = resolve().notes
+    notes = resolve().default_notes
     assert [n for n in notes if n.startswith("beta is unset: 0.0")]
     assert [n for n in notes if n.startswith("loss_type is unset: 'dapo'")]
     assert not [n for n in notes if n.startswith("vllm_mode is unset")]  # only matters with use_vllm
-    with_vllm = resolve("--config", write("v.yaml", "use_vllm: true\n")).notes
+    with_vllm = resolve("--config", write("v.yaml", "use_vllm: true\n")).default_notes
     assert [n for n in with_vllm if n.startswith("vllm_mode is unset: 'colocate'")]
     explicit = resolve(
         "--config", write("e.yaml", "beta: 0.0\nloss_type: dapo\nuse_vllm: true\nvllm_mode: colocate\n")
     )
-    assert not [n for n in explicit.notes if any(n.startswith(f"{name} is unset") for name in CHANGED_DEFAULTS)]
+    assert not [n for n in explicit.default_notes if any(n.startswith(f"{name} is unset") for name in CHANGED_DEFAULTS)]
 
 
 def test_config_show_prints_the_changed_default_notes(cli, write):
@@ -135,6 +135,8 @@ def test_config_show_prints_the_changed_default_notes(cli, write):
     assert result.code == 0, result.err
     assert "note: beta is unset: 0.0 (no KL term, no reference model)" in result.err
     assert "note: loss_type is unset" not in result.err
+    validated = cli("config", "validate", "--config", write("d.yaml", "loss_type: grpo\n"))
+    assert validated.code == 0 and "beta is unset" not in validated.err  # show lists them; validate stays quiet
 
 
 # ---- open-r1's fields

@@ -510,3 +510,16 @@ def test_repeated_scalar_flag_keeps_the_last_value_with_a_warning():
     assert "--learning_rate is given more than once; the last value (2e-6) is used" in resolution.warnings
     same = TrlParser().resolve(["--output_dir", "x", "--output_dir", "x"])  # the same value twice: nothing to say
     assert not [w for w in same.warnings if "more than once" in w]
+
+
+def test_transformers_deprecation_warnings_become_one_line_with_the_source(tmp_path, recwarn):
+    from grpokit.config.parser import TrlParser
+
+    path = tmp_path / "gc.yaml"
+    path.write_text("gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n")
+    resolution = TrlParser().resolve(["--config", str(path)])
+    lines = [w for w in resolution.warnings if w.startswith("gradient_checkpointing_kwargs")]
+    if not lines:
+        pytest.skip("this transformers does not deprecate gradient_checkpointing_kwargs")
+    assert lines[0].startswith(f"gradient_checkpointing_kwargs (yaml:{path}:2): `gradient_checkpointing_kwargs` is")
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]  # no raw Python warning besides

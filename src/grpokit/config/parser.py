@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,8 @@ class Resolution:
     processes_how: str = "WORLD_SIZE of the launch (accelerate launch sets it); 1 otherwise"
     # The variables the YAML files' `env:` sections set: {name: (value as set, source)}, the later file winning.
     env: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Fields left unset whose TRL default changed meaning over the versions (`grpokit config show` lists them).
+    default_notes: list[str] = field(default_factory=list)
 
 
 class TrlParser(HfArgumentParser):
@@ -199,13 +202,13 @@ class TrlParser(HfArgumentParser):
             sources,
             report.warnings,
             [process_count_note(_with_source(p, sources), processes) for p in noted]
-            + machine_notes(shown)
-            + changed_default_notes(shown, sources),
+            + machine_notes(shown),
             report.remaining,
             launch,
             processes,
             processes_how,
             report.env,
+            changed_default_notes(shown, sources),
         )
         self.resolution = resolution
         return resolution
@@ -217,7 +220,19 @@ class TrlParser(HfArgumentParser):
         for dtype in self.dataclass_types:
             kwargs = {f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values}
             try:
-                instances.append(dtype(**kwargs))
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", FutureWarning)
+                    instances.append(dtype(**kwargs))
+                # transformers' deprecation warnings (e.g. gradient_checkpointing_kwargs) become one warning line each,
+                # with the source of the field they name, instead of a raw Python warning with a file and line
+                for warning in caught:
+                    if issubclass(warning.category, (FutureWarning, DeprecationWarning)):
+                        text = " ".join(str(warning.message).split())
+                        named = [n for n in kwargs if sources.get(n, "default") != "default" and f"`{n}`" in text]
+                        where = f"{named[0]} ({sources[named[0]]})" if named else dtype.__name__
+                        report.warnings.append(f"{where}: {text}")
+                    else:
+                        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             except ConfigError as exc:
                 report.problems += exc.problems
             except Exception as exc:  # transformers' own checks: ValueError, or e.g. OSError for a JSON path
