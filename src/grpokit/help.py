@@ -429,12 +429,15 @@ subcommands:
 grpokit config <subcommand> --help says more about one.
 {_FIELDS_POINTER}""",
     "config validate": f"""\
-usage: grpokit config validate [--config FILE]... [--recipe NAME] [--field value]... [launch options]
+usage: grpokit config validate [--import-rewards] [--config FILE]... [--recipe NAME] [--field value]... [launch options]
 
 Resolve the configuration as grpokit train does (defaults, recipe, YAML files, flags) and check every rule: prints
-`ok` (exit 0), or one line per problem (exit 2). Nothing loads.
+`ok` (exit 0), or one line per problem (exit 2). Nothing loads, and no code the configuration names runs: a dotted
+reward path is checked for its module being there, not imported.
 
 {_CONFIG_OPTIONS}
+  --import-rewards                also import the dotted reward paths and call reward factories, as training will
+                                  (runs their code; the working directory is searched first)
 
 {_FIELDS_POINTER}""",
     "config show": f"""\
