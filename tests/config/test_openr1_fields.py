@@ -127,7 +127,9 @@ def test_changed_defaults_are_noted_when_left_unset(write):
     explicit = resolve(
         "--config", write("e.yaml", "beta: 0.0\nloss_type: dapo\nuse_vllm: true\nvllm_mode: colocate\n")
     )
-    assert not [n for n in explicit.default_notes if any(n.startswith(f"{name} is unset") for name in CHANGED_DEFAULTS)]
+    assert not [
+        n for n in explicit.default_notes if any(n.startswith(f"{name} is unset") for name in CHANGED_DEFAULTS)
+    ]
 
 
 def test_config_show_prints_the_changed_default_notes(cli, write):

@@ -260,7 +260,8 @@ def test_other_reward_aggregations(tiny_model, tiny_tokenizer, dataset, make_arg
     assert advantages.abs().sum() > 0 and abs(advantages.mean().item()) < 1e-4  # normalised over the whole batch
 
 
-def test_default_config(tiny_model, tiny_tokenizer, dataset):
+def test_default_config(tiny_model, tiny_tokenizer, dataset, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output_dir is relative: keep it out of the checkout
     trainer = GRPOTrainer(tiny_model, text_reward, train_dataset=dataset, processing_class=tiny_tokenizer)
     assert trainer.args.output_dir.endswith("Qwen2ForCausalLM-GRPO")
     from grpokit.config.precision import bf16_supported

@@ -201,8 +201,7 @@ class TrlParser(HfArgumentParser):
             {k: plain(v) for k, v in shown.items()},
             sources,
             report.warnings,
-            [process_count_note(_with_source(p, sources), processes) for p in noted]
-            + machine_notes(shown),
+            [process_count_note(_with_source(p, sources), processes) for p in noted] + machine_notes(shown),
             report.remaining,
             launch,
             processes,
