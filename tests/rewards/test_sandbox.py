@@ -47,7 +47,8 @@ def test_exit_code_is_kept():
 
 def test_infinite_loop_is_killed_at_the_wall_clock_timeout():
     start = time.monotonic()
-    result = run("while True:\n    pass", timeout=1)
+    # a CPU limit well above the wall clock: otherwise the default one (the timeout, rounded up) can fire first
+    result = run("while True:\n    pass", timeout=1, cpu_seconds=10)
     assert result.status == "timeout" and result.returncode == -signal.SIGKILL
     assert 1.0 <= result.seconds and time.monotonic() - start < 3
 
