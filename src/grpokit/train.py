@@ -346,23 +346,27 @@ def _local_path_problems(path: str) -> list[str]:
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         return []
-    from grpokit.config.suggest import closest
-
-    parent = os.path.dirname(expanded.rstrip(os.sep)) or "."
-    siblings = (
-        sorted(d for d in os.listdir(parent) if os.path.isdir(os.path.join(parent, d)))
-        if os.path.isdir(parent)
-        else []
-    )
-    near = closest(os.path.basename(expanded.rstrip(os.sep)), siblings)
+    hint = _nearest_sibling(path, folders_only=True)
     written_as_local = path.startswith(("/", "./", "../", "~")) or os.sep + ".." in path
     # A bare name (`tiny-modle`) or `org/name` may be a hub id: taken for a local typo only when a folder of nearly
     # that name is there (`tiny-model`), so that the hub is never tried for it.
-    if not written_as_local and (near is None or parent != "." and not os.path.isdir(parent)):
+    if not written_as_local and not hint:
         return []
-    hint = f"; did you mean {os.path.join(os.path.dirname(path.rstrip(os.sep)), near)!r}?" if near else ""
     what = "is a file, not a model folder" if os.path.exists(expanded) else "does not exist"
     return [f"model_name_or_path={path!r}: {what}{hint}"]
+
+
+def _nearest_sibling(path: str, *, folders_only: bool) -> str:
+    """ "; did you mean 'NEAR'?" for the entry beside `path` whose name is nearest to its own, or "" for none."""
+    from grpokit.config.suggest import closest
+
+    expanded = os.path.expanduser(path).rstrip(os.sep)
+    parent = os.path.dirname(expanded) or "."
+    if not os.path.isdir(parent):
+        return ""
+    names = sorted(n for n in os.listdir(parent) if not folders_only or os.path.isdir(os.path.join(parent, n)))
+    near = closest(os.path.basename(expanded), names)
+    return f"; did you mean {os.path.join(os.path.dirname(path.rstrip(os.sep)), near)!r}?" if near else ""
 
 
 _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt")
@@ -376,15 +380,8 @@ def _local_data_problems(script_args, mixture) -> list[str]:
     problems = []
     for key, path in paths:
         looks_local = path.endswith(_DATA_SUFFIXES) or path.startswith(("/", "./", "../", "~"))
-        expanded = os.path.expanduser(path)
-        if not looks_local or os.path.exists(expanded):
-            continue
-        from grpokit.config.suggest import closest
-
-        parent = os.path.dirname(expanded) or "."
-        near = closest(os.path.basename(expanded), sorted(os.listdir(parent))) if os.path.isdir(parent) else None
-        hint = f"; did you mean {os.path.join(os.path.dirname(path), near)!r}?" if near else ""
-        problems.append(f"{key}={path!r}: no such file or folder{hint}")
+        if looks_local and not os.path.exists(os.path.expanduser(path)):
+            problems.append(f"{key}={path!r}: no such file or folder{_nearest_sibling(path, folders_only=False)}")
     return problems
 
 
@@ -443,7 +440,7 @@ def check_train_args(argv):
 
         problems += output_dir_problems(
             training_args.output_dir,
-            resuming=str(training_args.resume_from_checkpoint or "").lower() not in ("", "false"),
+            resuming=training_args.resume_from_checkpoint is not None,  # check_resume made it a folder or None
             overwrite=bool(training_args.overwrite_output_dir),
             checkpoint_bytes=checkpoint_bytes(resolution.values),
         )
