@@ -175,11 +175,11 @@ class TrlParser(HfArgumentParser):
         layers[1:1] = [
             (lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data) for path, data, lines in yaml_layers
         ]  # after the recipe, before the command line
-        cli_values, cli_problems, cli_remaining = self._cli_mapping(
+        cli_values, cli_problems, cli_remaining, cli_warnings = self._cli_mapping(
             field_tokens, owners, allow_remaining, LAUNCH_KEYS if launch_options else ()
         )
         report.problems += cli_problems
-        report.warnings += self._repeated
+        report.warnings += cli_warnings
         report.remaining += cli_remaining
         layers.insert(1 + len(yaml_layers), (lambda key: "cli", cli_values))
         raw = _merge_layers(layers, owners, allow_remaining, report, LAUNCH_KEYS if launch_options else ())
@@ -267,10 +267,10 @@ class TrlParser(HfArgumentParser):
         return values, sources
 
     def _cli_mapping(self, tokens, owners, allow_remaining, extra_names=()):
-        """Command-line tokens -> {field: value or list of strings}, problems, remaining strings. `extra_names`
-        are other flags this command line knows (offered by "did you mean")."""
-        values, problems, remaining = {}, [], []
-        self._repeated = []  # warnings: scalar flags given more than once
+        """Command-line tokens -> {field: value or list of strings}, problems, remaining strings, warnings (a
+        scalar flag given more than once). `extra_names` are other flags this command line knows (offered by "did you
+        mean")."""
+        values, problems, remaining, warnings_ = {}, [], [], []
         i = 0
         while i < len(tokens):
             token = tokens[i]
@@ -336,10 +336,10 @@ class TrlParser(HfArgumentParser):
                 )
             else:
                 if name in values and values[name] != given[0]:  # argparse's rule: the last one wins, said aloud
-                    self._repeated.append(f"--{name} is given more than once; the last value ({given[0]}) is used")
+                    warnings_.append(f"--{name} is given more than once; the last value ({given[0]}) is used")
                 values[name] = given[0]
             i = j
-        return values, problems, remaining
+        return values, problems, remaining, warnings_
 
     def _rules(self, values, processes) -> list[Problem]:
         defaults, _ = self._field_defaults()
