@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpokit.plot import curve_series
-from grpokit.records import RunRecorder, closing_message, library_progress_bars
+from grpokit.cli.plot import curve_series
+from grpokit.cli.records import RunRecorder, closing_message, library_progress_bars
 
 
 def _log(recorder, step, logs, max_steps=4):

@@ -1,4 +1,4 @@
-"""The built-in demo: a tiny model learns, with GRPO, to answer a digit prompt `7=` by repeating the digit.
+"""The built-in demo's task: a tiny model learns, with GRPO, to answer a digit prompt `7=` by repeating the digit.
 
 Everything is built locally (a random-init model and a character tokenizer), so `grpokit train` with no arguments
 runs offline. A random policy almost never emits the right digit (reward ~0.01); the policy reaches >= 0.6 in a few
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-from importlib import resources
 
 ANSWER_LENGTH = 4
 
@@ -27,21 +26,6 @@ def copy_digit_reward(prompts, completions, **kwargs) -> list[float]:
         digit = prompt.rstrip("=")[-1]
         rewards.append(sum(ch == digit for ch in text[:ANSWER_LENGTH]) / ANSWER_LENGTH)
     return rewards
-
-
-def demo_config_path() -> str:
-    return str(resources.files("grpokit").joinpath("config", "demo.yaml"))
-
-
-def make_demo_dir(path: str) -> None:
-    """Create the demo's folder; one that grpokit creates gets a `.gitignore` of `*` (as a virtualenv does), so that
-    the default `grpokit-demo/`, made wherever `grpokit train` runs, never shows up in a git checkout. A folder that
-    already exists is left as it is: it may be the user's."""
-    if os.path.isdir(path):
-        return
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, ".gitignore"), "w", encoding="utf-8") as fh:
-        fh.write("# created by grpokit for the demo's run: nothing here is meant for version control\n*\n")
 
 
 def prepare_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str, str]:

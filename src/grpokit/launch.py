@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+# Set by the launching `grpokit train` for the processes it starts: a YAML `accelerate_config:` is then expected there
+# and ignored without a warning.
+LAUNCHED_ENV = "GRPOKIT_LAUNCHED"
+
 CPU_FORM = (
     "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N --num_machines 1 --mixed_precision no "
     "--dynamo_backend no -m grpokit train ..."
@@ -113,6 +117,12 @@ def launched_engine(env: Mapping[str, str] | None = None, deepspeed_plugin=None)
         stage = stage if stage is not None else 2  # accelerate's default
     version = (_int(env.get("FSDP_VERSION")) or 1) if _true(env.get("ACCELERATE_USE_FSDP")) else None
     return {"deepspeed_stage": stage, "fsdp_version": version}
+
+
+def under_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by a launcher (accelerate launch, torchrun): it must not launch again."""
+    env = os.environ if env is None else env
+    return any(k in env for k in ("LOCAL_RANK", "WORLD_SIZE", "ACCELERATE_MIXED_PRECISION", LAUNCHED_ENV))
 
 
 def default_ddp_backend(env: Mapping[str, str] | None = None) -> str | None:

@@ -11,8 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from grpokit.cli import USAGE, main
-from grpokit.help import (
+from grpokit.cli.commands import USAGE, main
+from grpokit.cli.help import (
     FIELD_GROUPS,
     OPTION_FIELDS,
     OTHER_GROUP,
@@ -197,10 +197,10 @@ def test_train_with_flags_but_no_model_says_how_to_run_the_demo(tmp_path):
 
 
 def test_demo_may_come_after_other_flags(cli, monkeypatch):
-    import grpokit.train
+    import grpokit.cli.train
 
     seen = []
-    monkeypatch.setattr(grpokit.train, "run_demo", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(grpokit.cli.train, "run_demo", lambda args: seen.append(args) or 0)
     assert cli("train", "--max_steps", "3", "--demo", "--output_dir", "x")[0] == 0
     assert seen == [["--max_steps", "3", "--output_dir", "x"]]
 
@@ -216,12 +216,12 @@ def test_a_typo_is_still_reported_as_a_typo(cli):
 def test_demo_folder_is_kept_out_of_git(tmp_path, monkeypatch):
     """`grpokit train --demo --output_dir DIR`: the demo's files and run go to DIR, which gets a `.gitignore` of `*`
     because the demo created it."""
-    import grpokit.train
+    import grpokit.cli.train
 
     seen = {}
-    monkeypatch.setattr(grpokit.train, "_train", lambda args, **kwargs: seen.setdefault("args", args) and 0)
+    monkeypatch.setattr(grpokit.cli.train, "_train", lambda args, **kwargs: seen.setdefault("args", args) and 0)
     out = tmp_path / "somewhere" / "demo"
-    assert grpokit.train.run_demo(["--output_dir", str(out), "--max_steps", "1"]) == 0
+    assert grpokit.cli.train.run_demo(["--output_dir", str(out), "--max_steps", "1"]) == 0
     assert (out / ".gitignore").read_text().splitlines()[-1] == "*"
     assert (out / "initial_model" / "config.json").is_file() and (out / "digits.jsonl").is_file()
     args = seen["args"]
@@ -229,7 +229,7 @@ def test_demo_folder_is_kept_out_of_git(tmp_path, monkeypatch):
 
 
 def test_an_existing_folder_gets_no_gitignore(tmp_path):
-    from grpokit.demo import make_demo_dir
+    from grpokit.cli.demo import make_demo_dir
 
     make_demo_dir(str(tmp_path))
     assert not (tmp_path / ".gitignore").exists()  # the user's folder (perhaps a checkout): left as it is

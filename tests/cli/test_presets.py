@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from grpokit.accelerate_presets import LAUNCHED_ENV, preset_path
 from grpokit.cli import main
+from grpokit.cli.launch_presets import LAUNCHED_ENV, preset_path
 
 PRESETS = ["single_gpu", "multi_gpu", "multi_cpu", "zero1", "zero2", "zero3", "fsdp2"]
 LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", LAUNCHED_ENV)

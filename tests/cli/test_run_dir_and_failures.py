@@ -16,7 +16,7 @@ import sys
 import pytest
 from test_train_cli import run_grpokit, write_recipe
 
-from grpokit.run_dir import LOCK_NAME, RunLock, checkpoint_bytes, output_dir_problems
+from grpokit.cli.run_dir import LOCK_NAME, RunLock, checkpoint_bytes, output_dir_problems
 
 
 def _errors(result) -> list[str]:

@@ -150,7 +150,7 @@ def test_a_failing_reward_stops_with_one_line_and_saves_nothing_untrained(tmp_pa
 
 
 def test_eval_rows_line_and_plot(tmp_path, tiny_model_dir):
-    from grpokit.plot import curve_series, read_metrics
+    from grpokit.cli.plot import curve_series, read_metrics
 
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(4)))
     recipe = write_recipe(

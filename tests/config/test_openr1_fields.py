@@ -7,10 +7,10 @@ import os
 import jsonschema
 import pytest
 
+from grpokit.cli.schema import build_schema
 from grpokit.config.migrations import CHANGED_DEFAULTS, TRL_KEY_CHANGES
 from grpokit.config.parser import DEFAULT_TYPES, TrlParser, reward_defaults
 from grpokit.config.rules import ConfigError
-from grpokit.config.schema import build_schema
 from grpokit.config.support import unsupported_settings
 from grpokit.rewards import resolve_reward
 
@@ -220,7 +220,7 @@ def test_code_fields_are_offered_under_their_own_names():
 
 
 def test_grpokit_train_resolves_rewards_with_the_script_fields(write):
-    from grpokit.train import _resolve_rewards
+    from grpokit.cli.train import _resolve_rewards
 
     script_args, training_args, _, _ = resolve("--config", write("c.yaml", "cosine_max_len: 10\n")).instances
     script_args.reward_funcs = ["cosine"]

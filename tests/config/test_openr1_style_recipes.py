@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpokit.cli.launch_presets import LAUNCH
 from grpokit.config.parser import TrlParser, reward_defaults
 from grpokit.config.support import NOT_IMPLEMENTED
 from grpokit.rewards import resolve_reward
@@ -357,7 +358,7 @@ def test_code_recipe_rewards_score_a_correct_completion_of_its_row(tmp_path):
     # The rewards as the recipe builds them (its code_provider, code_language, parallel_code_exec_per_proc ...), on
     # the dataset row of the training test: the program really runs in the sandbox and passes every test.
     argv = ["--config", str(RECIPES / "code_demo.yaml"), "--num_processes", "7"]
-    values = TrlParser().resolve(argv, launch_options=True).values
+    values = TrlParser().resolve(argv, launch_options=LAUNCH).values
     code = resolve_reward("code", defaults=reward_defaults(values))
     code_format = resolve_reward("code_format", defaults=reward_defaults(values))
     wrong = CORRECT_COMPLETION.replace("a + b", "a - b")

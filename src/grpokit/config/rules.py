@@ -7,8 +7,6 @@ resolves (every problem reported at once, before anything heavy is loaded).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import enum
 import math
@@ -381,30 +379,6 @@ def num_processes_from_env() -> int:
         return 1
 
 
-_PLANNED_PROCESSES: contextvars.ContextVar[int | None] = contextvars.ContextVar("planned_processes", default=None)
-_GEOMETRY_NOTED: contextvars.ContextVar[bool] = contextvars.ContextVar("geometry_noted", default=False)
-
-
-@contextlib.contextmanager
-def planned_processes(processes: int, *, noted: bool = False):
-    """Within this block, a GRPOConfig derives its batch geometry for `processes` processes instead of its own world
-    size: the parser builds the dataclasses for the launch it checks (`--num_processes 8` checked in one process).
-    `noted=True`: the caller has told the user the geometry's problems at this count already, as notes (`grpokit
-    config` given no process count), so the geometry is derived without raising them."""
-    tokens = _PLANNED_PROCESSES.set(processes), _GEOMETRY_NOTED.set(noted)
-    try:
-        yield
-    finally:
-        _PLANNED_PROCESSES.reset(tokens[0])
-        _GEOMETRY_NOTED.reset(tokens[1])
-
-
-def geometry_processes(world_size: int) -> int:
-    """The processes a GRPOConfig derives its batch geometry for: the planned ones, else its world size."""
-    planned = _PLANNED_PROCESSES.get()
-    return world_size if planned is None else planned
-
-
 def _nearest_multiples(value: int, step: int) -> list[int]:
     """The multiples of `step` nearest to `value` (below and above; positive only)."""
     below = (value // step) * step
@@ -574,9 +548,11 @@ def _group_problem(values, gen_batch, num_gen, global_batch, num_processes) -> P
     )
 
 
-def derive_batch_geometry(values: dict[str, Any], *, num_processes: int) -> dict[str, int]:
+def derive_batch_geometry(values: dict[str, Any], *, num_processes: int, noted: bool = False) -> dict[str, int]:
+    """The derived batch geometry at `num_processes`; its problems raise, unless `noted`: the caller has told the
+    user of them already, as notes (`grpokit config` given no process count)."""
     derived, problems = check_geometry(values, num_processes)
-    if problems and not _GEOMETRY_NOTED.get():
+    if problems and not noted:
         raise ConfigError(problems)
     return derived
 

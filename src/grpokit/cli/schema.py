@@ -8,11 +8,11 @@ import json
 import typing
 from typing import Any
 
-from .migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS
-from .recipes import recipe_names
-from .rules import MAPPING_FIELDS, RANGES
-from .script_args import DatasetConfig
-from .types import MAPPING_ITEM_FIELDS, _union_args, field_choices, field_types, strip_optional
+from grpokit.config.migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS
+from grpokit.config.recipes import recipe_names
+from grpokit.config.rules import MAPPING_FIELDS, RANGES
+from grpokit.config.script_args import DatasetConfig
+from grpokit.config.types import MAPPING_ITEM_FIELDS, _union_args, field_choices, field_types, strip_optional
 
 # A number written as a string: YAML 1.1 reads `1e-6` or `5e-7` (no dot) as a string, which the parser accepts for a
 # float field as the command line does.
@@ -174,7 +174,7 @@ def build_schema(dataclass_types) -> dict:
 
 def _launch_properties() -> dict:
     """The launch options `grpokit train` takes from the YAML (not fields of any dataclass)."""
-    from grpokit.accelerate_presets import preset_names
+    from grpokit.cli.launch_presets import preset_names
 
     return {
         "accelerate_config": {

@@ -10,7 +10,7 @@ grpokit vllm-serve MODEL [options]
 grpokit env
 grpokit --version
 
-Every command takes -h/--help (its own, short; the texts are in `grpokit.help`).
+Every command takes -h/--help (its own, short; the texts are in `grpokit.cli.help`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _main(argv=None) -> int:
             print(USAGE)
             return 0
     if argv[0] in ("--version", "-V"):
-        from grpokit.help import version
+        from grpokit.cli.help import version
 
         print(f"grpokit {version()}")
         return 0
@@ -106,7 +106,7 @@ def _main(argv=None) -> int:
 def _command_help(command: str, rest) -> str | None:
     """The help a `--help` among `rest` asks for (None without one): the command's own, or its subcommand's.
     `vllm-serve` answers it with its own argparse parser."""
-    from grpokit.help import COMMAND_HELP, train_help, wants_help
+    from grpokit.cli.help import COMMAND_HELP, train_help, wants_help
 
     if command == "train":
         if "--help-all" in rest:
@@ -128,6 +128,7 @@ def _error(line: str) -> None:
 def _resolve(args, *, import_rewards: bool = False):
     """Resolve the default dataclasses (and the launch options) from `args`; (resolution, None) or (None, exit code)
     after printing. `import_rewards`: import dotted reward paths and call factories (user code) while checking."""
+    from grpokit.cli.launch_presets import LAUNCH
     from grpokit.config.parser import TrlParser
     from grpokit.config.redaction import redact
     from grpokit.config.rules import ConfigError
@@ -139,7 +140,7 @@ def _resolve(args, *, import_rewards: bool = False):
             from grpokit.rewards.registry import working_directory_first
 
             working_directory_first()
-        resolution = parser.resolve(args, launch_options=True, planning=True)
+        resolution = parser.resolve(args, launch_options=LAUNCH, planning=True)
     except ConfigError as exc:
         for problem in exc.problems:
             _error(problem.line())
@@ -178,8 +179,8 @@ def _config(args) -> int:
         return 2
     sub, rest = args[0], args[1:]
     if sub == "schema":
+        from grpokit.cli.schema import build_schema
         from grpokit.config.parser import DEFAULT_TYPES
-        from grpokit.config.schema import build_schema
 
         print(json.dumps(build_schema(DEFAULT_TYPES), indent=2))
         return 0
@@ -201,7 +202,7 @@ def _config(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     launch = resolution.launch
     if launch is not None:
-        from grpokit.accelerate_presets import machine_problems
+        from grpokit.cli.launch_presets import machine_problems
 
         if sub != "plan":
             config = f"accelerate config {launch.config.label}, " if launch.config is not None else ""
@@ -220,7 +221,7 @@ def _config(args) -> int:
             return 2
         print("ok")
     elif sub == "show":
-        from grpokit.config import render
+        from grpokit.cli import render
 
         if fmt == "json":
             print(render.as_json(resolution))
@@ -234,7 +235,7 @@ def _config(args) -> int:
 
 
 def _print_plan(resolution) -> None:
-    from grpokit.config.plan import batch_geometry, memory_estimate
+    from grpokit.cli.plan import batch_geometry, memory_estimate
 
     print("batch geometry")
     rows = batch_geometry(resolution.values, processes=resolution.processes, processes_how=resolution.processes_how)
@@ -288,7 +289,7 @@ def _recipes(args) -> int:
 
 
 def _accelerate_configs(args) -> int:
-    from grpokit.accelerate_presets import preset_names, preset_summary, preset_text
+    from grpokit.cli.launch_presets import preset_names, preset_summary, preset_text
 
     return _list_or_show(args, preset_names(), preset_summary, preset_text, "grpokit accelerate-configs [show NAME]")
 
@@ -321,7 +322,7 @@ def _list_or_show(args, names, summary, text, usage: str) -> int:
 
 
 def _train(args) -> int:
-    from grpokit.train import run_train
+    from grpokit.cli.train import run_train
 
     if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo` is the demo too
         args = ["--demo", *(a for a in args if a != "--demo")]
@@ -345,11 +346,12 @@ def _names_a_run(args) -> bool:
 def _resolves(args) -> bool:
     """Whether `args` resolve without a problem: when they do not, training reports the problems themselves (a typo
     among them, with its nearest name) rather than the hint that no model is given."""
+    from grpokit.cli.launch_presets import LAUNCH
     from grpokit.config.parser import TrlParser
     from grpokit.config.rules import ConfigError
 
     try:
-        TrlParser().resolve(args, launch_options=True)
+        TrlParser().resolve(args, launch_options=LAUNCH)
     except ConfigError:
         return False
     return True
@@ -359,7 +361,7 @@ def _env(args) -> int:
     if args:
         _error("usage: grpokit env (it takes no arguments)")
         return 2
-    from grpokit.help import env_report
+    from grpokit.cli.help import env_report
 
     print(env_report())
     return 0
@@ -369,7 +371,7 @@ def _plot(args) -> int:
     if len(args) != 1 or not os.path.isdir(args[0]):
         _error("usage: grpokit plot RUN_DIR (a directory holding metrics.jsonl)")
         return 2
-    from grpokit.plot import plot_run
+    from grpokit.cli.plot import plot_run
 
     try:
         path = plot_run(args[0])
@@ -381,7 +383,7 @@ def _plot(args) -> int:
 
 
 def _vllm_serve(args) -> int:
-    from grpokit.vllm_serve import main as vllm_serve
+    from grpokit.cli.vllm_serve import main as vllm_serve
 
     return vllm_serve(args)
 

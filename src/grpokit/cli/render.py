@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .redaction import REDACTED, env_placeholder, field_placeholder, is_secret_env, shown_value
+from grpokit.config.redaction import REDACTED, env_placeholder, field_placeholder, is_secret_env, shown_value
 
 
 def as_json(resolution) -> str:

@@ -108,7 +108,7 @@ def checkpoint_bytes(values) -> int | None:
     """About how many bytes one checkpoint takes: the weights in their dtype plus AdamW's two fp32 states per weight
     (weights only with save_only_model). None when the model's size is unknown (not a local folder) or the run trains
     a LoRA adapter (its checkpoints are a small fraction of the model)."""
-    from grpokit.config.plan import _model_dims, parameter_count
+    from grpokit.cli.plan import _model_dims, parameter_count
 
     if values.get("use_peft"):
         return None

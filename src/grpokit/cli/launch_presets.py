@@ -3,7 +3,7 @@
 
 The launch options (`accelerate_config`, `num_processes`, `main_process_port`) are given as flags or as keys of a
 `--config` YAML file, next to the training fields. They belong to the launcher, not to any dataclass: the parser takes
-them out (`take_launch_flags`, `pop_launch_keys`) before resolving the fields, and `launch_request` checks them. The
+them out (`TrlParser.resolve(..., launch_options=LAUNCH)`) before resolving the fields, and `launch_request` checks them. The
 training configuration is checked once, in the launching process, before any process starts; the processes started
 get the same arguments without the launch flags (and, reading a YAML that names a config, see that they run under a
 launcher), so they never launch again.
@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from .config.rules import ConfigError, Problem
-from .config.suggest import closest
+from grpokit.config.parser import take_flags
+from grpokit.config.rules import ConfigError, Problem
+from grpokit.config.suggest import closest
+from grpokit.launch import LAUNCHED_ENV
 
 LAUNCH_OPTIONS = ("accelerate_config", "num_processes", "main_process_port")
 
-# Set by the launching `grpokit train` for the processes it starts: a YAML `accelerate_config:` is then expected there
-# and ignored without a warning.
-LAUNCHED_ENV = "GRPOKIT_LAUNCHED"
 
 _FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 
@@ -43,7 +42,7 @@ _FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "
 
 
 def _preset_dir():
-    return resources.files("grpokit").joinpath("accelerate_configs")
+    return resources.files(__package__).joinpath("accelerate_configs")
 
 
 def preset_names() -> list[str]:
@@ -219,6 +218,11 @@ class LaunchRequest:
             return self.config.num_processes
         return 1
 
+    @property
+    def processes_given(self) -> bool:
+        """Whether a process count was asked for (the flag or the config's num_processes), not defaulted to 1."""
+        return self.num_processes is not None or (self.config is not None and self.config.num_processes is not None)
+
     def processes_how(self) -> str:
         if self.num_processes is not None:
             return f"num_processes ({self.sources['num_processes']})"
@@ -230,26 +234,7 @@ class LaunchRequest:
 def take_launch_flags(tokens) -> tuple[dict[str, tuple[Any, str]], list[str], list[Problem]]:
     """Take `--accelerate_config X`, `--num_processes N`, `--main_process_port P` (also `--x=v`, and with hyphens)
     out of command-line tokens: ({name: (value, "cli")}, other tokens, problems)."""
-    found, rest, problems = {}, [], []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
-        name = name.replace("-", "_")
-        if name not in LAUNCH_OPTIONS:
-            rest.append(token)
-            i += 1
-            continue
-        if eq:
-            value, i = inline, i + 1
-        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            value, i = tokens[i + 1], i + 2
-        else:
-            problems.append(Problem(f"--{name}", "expects a value", source="cli"))
-            i += 1
-            continue
-        found[name] = (value, "cli")
-    return found, rest, problems
+    return take_flags(tokens, LAUNCH_OPTIONS)
 
 
 def strip_launch_flags(tokens) -> list[str]:
@@ -257,18 +242,8 @@ def strip_launch_flags(tokens) -> list[str]:
     return take_launch_flags(tokens)[1]
 
 
-def pop_launch_keys(yaml_layers) -> dict[str, tuple[Any, str]]:
-    """Take the launch keys out of YAML layers ((path, data, key lines), later files win): {name: (value, source)}."""
-    found = {}
-    for path, data, lines in yaml_layers:
-        for name in LAUNCH_OPTIONS:
-            if name in data:
-                found[name] = (data.pop(name), f"yaml:{path}:{lines.get(name, '?')}")
-    return found
-
-
 def launch_request(given: dict[str, tuple[Any, str]]) -> tuple[LaunchRequest | None, list[Problem]]:
-    """Check the launch options (from `take_launch_flags` and `pop_launch_keys`): (request or None, problems)."""
+    """Check the launch options (taken from the flags and YAML keys): (request or None, problems)."""
     if not given:
         return None, []
     request, problems = LaunchRequest(sources={k: s for k, (_, s) in given.items()}), []
@@ -314,6 +289,19 @@ def launch_request(given: dict[str, tuple[Any, str]]) -> tuple[LaunchRequest | N
     return request, problems
 
 
+@dataclass(frozen=True)
+class _LaunchOptions:
+    """`grpokit train`'s launch options as `TrlParser.resolve(..., launch_options=LAUNCH)` takes them."""
+
+    names: tuple[str, ...] = LAUNCH_OPTIONS
+
+    def request(self, given):
+        return launch_request(given)
+
+
+LAUNCH = _LaunchOptions()
+
+
 def machine_problems(request: LaunchRequest | None) -> list[str]:
     """What this machine cannot launch (one line each): FSDP without a CUDA GPU becomes plain DDP in accelerate."""
     if request is None or request.config is None:
@@ -338,12 +326,6 @@ def engine_settings(config: AccelerateConfig) -> dict:
         "deepspeed_stage": stage if kind == "DEEPSPEED" else None,
         "fsdp_version": config.fsdp_version if kind == "FSDP" else None,
     }
-
-
-def under_launcher(env=None) -> bool:
-    """Whether this process was started by a launcher (accelerate launch, torchrun): it must not launch again."""
-    env = os.environ if env is None else env
-    return any(k in env for k in ("LOCAL_RANK", "WORLD_SIZE", "ACCELERATE_MIXED_PRECISION", LAUNCHED_ENV))
 
 
 # ---- the launch ----
@@ -387,7 +369,7 @@ def run_launch(request: LaunchRequest, child_args, mixed_precision: str | None =
     )
     child = subprocess.Popen(command, env=launch_env(request))
     # A scheduler's SIGTERM (or a Ctrl-C sent to this process alone) reaches the launch, whose processes then save
-    # and stop (see grpokit.stopping); this process waits for them instead of dying first and orphaning them.
+    # and stop (see grpokit.cli.stopping); this process waits for them instead of dying first and orphaning them.
     forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .rules import num_processes_from_env
+from grpokit.config.rules import num_processes_from_env
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
 
@@ -165,7 +165,7 @@ _GRADS_AND_OPTIMIZER = frozenset({"gradients", "optimizer"})
 
 
 def sharding(accelerate_config, processes: int) -> Sharding:
-    """What the engine of `accelerate_config` (a `grpokit.accelerate_presets.AccelerateConfig`, or None: plain data
+    """What the engine of `accelerate_config` (a `grpokit.cli.launch_presets.AccelerateConfig`, or None: plain data
     parallel) divides by what, over `processes` processes.
 
     DDP (and ZeRO-0) keep everything whole on every process; ZeRO-1 shards the optimizer state, ZeRO-2 also the

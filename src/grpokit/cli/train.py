@@ -4,7 +4,7 @@ and leave the whole run in output_dir (model, tokenizer, resolved_config.yaml, m
 Also runs under `accelerate launch -m grpokit train --config recipe.yaml` (every process parses; rank 0 writes), or
 starts that launch itself: `grpokit train --accelerate_config NAME|FILE [--num_processes N] ...` checks the
 configuration here, once, then runs accelerate's launcher with the same arguments less the launch flags and returns
-its exit code (see `grpokit.accelerate_presets`).
+its exit code (see `grpokit.cli.launch_presets`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-from grpokit.records import RunRecorder, closing_message, library_progress_bars
-
-
-def _error(line: str) -> None:
-    from grpokit.config.redaction import redact
-
-    print(f"error: {redact(line)}", file=sys.stderr)
+from grpokit.cli.preflight import check_train_args, print_error
+from grpokit.cli.records import RunRecorder, closing_message, library_progress_bars
 
 
 def run_train(argv) -> int:
@@ -46,7 +41,8 @@ def _close_process_group() -> None:
 
 
 def run_demo(extra_args) -> int:
-    from grpokit.demo import demo_config_path, make_demo_dir, prepare_demo
+    from grpokit.cli.demo import demo_config_path, make_demo_dir
+    from grpokit.demo import prepare_demo
 
     out = "grpokit-demo"
     for i, arg in enumerate(extra_args):
@@ -66,7 +62,8 @@ def run_demo(extra_args) -> int:
     with state.local_main_process_first():
         make_demo_dir(out)
         model_dir, data_path = prepare_demo(out)
-    from grpokit.accelerate_presets import take_launch_flags, under_launcher
+    from grpokit.cli.launch_presets import take_launch_flags
+    from grpokit.launch import under_launcher
 
     launching = bool(take_launch_flags(extra_args)[0]) and not under_launcher()  # the launched processes say it
     if state.is_main_process and not launching:
@@ -98,7 +95,8 @@ def _engine_inputs(training_args) -> dict:
 def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     """Check the configuration; then train in this process, or, given launch options (`--accelerate_config`) outside
     a launcher, start the launch with `relaunch_argv` (the `grpokit train` arguments) less the launch flags."""
-    from grpokit.accelerate_presets import LAUNCHED_ENV, machine_problems, run_launch, under_launcher
+    from grpokit.cli.launch_presets import machine_problems, run_launch
+    from grpokit.launch import LAUNCHED_ENV, under_launcher
 
     launched = under_launcher()  # before the configuration is resolved: that may set environment variables
     resolution, problems = check_train_args(argv)
@@ -109,7 +107,7 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     if will_launch:
         problems += machine_problems(launch)
         if launch.config is not None:
-            from grpokit.accelerate_presets import engine_settings
+            from grpokit.cli.launch_presets import engine_settings
             from grpokit.launch import engine_problems
 
             training_args = resolution.instances[1]
@@ -122,7 +120,7 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
             )
     if problems:
         for line in problems:
-            _error(line)
+            print_error(line)
         return 2
     if will_launch:
         from grpokit.config.precision import launch_mixed_precision
@@ -142,7 +140,7 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
 def _train_here(resolution, *, demo: bool) -> int:
     """Train in this process. The writing process (process 0) holds output_dir's lock for the whole run; a folder
     this start made is removed again when the run ends before anything was written into it."""
-    from grpokit.run_dir import RunDirError, RunLock
+    from grpokit.cli.run_dir import RunDirError, RunLock
 
     training_args = resolution.instances[1]
     out = training_args.output_dir
@@ -152,7 +150,7 @@ def _train_here(resolution, *, demo: bool) -> int:
         try:
             lock.acquire()
         except (RunDirError, OSError) as exc:
-            _error(str(exc))
+            print_error(str(exc))
             return 2
         if lock.stale:
             print(f"warning: took over the lock of {out} left by {lock.stale}, which has ended", file=sys.stderr)
@@ -175,7 +173,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             script_args, mixture, want_eval=str(getattr(training_args.eval_strategy, "value", "no")) != "no"
         )
     except (DataError, ValueError) as exc:
-        _error(str(exc))
+        print_error(str(exc))
         return 2
 
     _finish_model_kwargs(training_args, model_args)
@@ -202,7 +200,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
         message = " ".join(str(exc).split())[:500]
         if isinstance(exc, OSError):  # transformers' loading errors often leave out what was being loaded
             message = f"loading {model_args.model_name_or_path!r} failed: {message}"
-        _error(message)
+        print_error(message)
         return 2
     recorder.trainer = trainer
     from grpokit.checkpoints import processes_source
@@ -218,14 +216,14 @@ def _load_and_train(resolution, *, demo: bool) -> int:
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    from grpokit.stopping import GracefulStop
+    from grpokit.cli.stopping import GracefulStop
 
     stop = GracefulStop(announce=trainer.is_world_process_zero())
     trainer.add_callback(stop)
     resuming = training_args.resume_from_checkpoint is not None
     if training_args.process_index == 0:  # every check passed and the model loaded: now the folder is written
         if training_args.overwrite_output_dir and not resuming:
-            from grpokit.run_dir import clear_previous_run
+            from grpokit.cli.run_dir import clear_previous_run
 
             cleared = clear_previous_run(training_args.output_dir)
             if cleared:
@@ -244,7 +242,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
     if stop.stopped_at is not None:
         if trainer.is_world_process_zero():
             checkpoint = os.path.join(training_args.output_dir, f"checkpoint-{stop.stopped_at}")
-            _error(
+            print_error(
                 f"{stop.signal_name}: stopped after step {stop.stopped_at}; checkpoint saved to {checkpoint} "
                 "(continue with --resume_from_checkpoint true)"
             )
@@ -252,10 +250,10 @@ def _load_and_train(resolution, *, demo: bool) -> int:
     try:
         trainer.save_model(training_args.output_dir)
     except NonFiniteWeightsError as exc:
-        _error(str(exc))
+        print_error(str(exc))
         return 1
     if trainer.is_world_process_zero():
-        from grpokit.plot import plot_run
+        from grpokit.cli.plot import plot_run
 
         plot = plot_run(training_args.output_dir)
         out = training_args.output_dir
@@ -272,10 +270,10 @@ def _after_failure(trainer, training_args, exc: BaseException, *, first_step) ->
     import traceback
 
     from grpokit.checkpoints import latest_checkpoint
+    from grpokit.cli.run_dir import is_disk_full
     from grpokit.generation import GenerationError
     from grpokit.nan_guard import NonFiniteTrainingError, NonFiniteWeightsError
     from grpokit.rollout.rewards import RewardError
-    from grpokit.run_dir import is_disk_full
     from grpokit.sharding import is_sharded
 
     out, step = training_args.output_dir, trainer.state.global_step
@@ -286,10 +284,10 @@ def _after_failure(trainer, training_args, exc: BaseException, *, first_step) ->
     if is_disk_full(exc, out):
         if writer:
             _remove_staged_checkpoints(out)
-            _error(f"disk full at step {step}: the checkpoint being written was removed{resume}; free some space")
+            print_error(f"disk full at step {step}: the checkpoint being written was removed{resume}; free some space")
         return 1
     if isinstance(exc, NonFiniteWeightsError):  # a checkpoint refused
-        _error(str(exc))
+        print_error(str(exc))
         return 1
     known = (RewardError, GenerationError, NonFiniteTrainingError, KeyboardInterrupt)
     reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else " ".join(str(exc).split())
@@ -299,33 +297,35 @@ def _after_failure(trainer, training_args, exc: BaseException, *, first_step) ->
     if isinstance(exc, NonFiniteTrainingError):
         reason = exc.summary
     if first_step is None or step <= first_step:
-        _error(f"{reason} (no step was trained: nothing saved{resume})")
+        print_error(f"{reason} (no step was trained: nothing saved{resume})")
         return code
     # Under ZeRO-3/FSDP every process must take part in a save; after a failure of one process alone (anything but a
     # reward failure or non-finite training, which every process raises together) the others are elsewhere.
     together = isinstance(exc, (RewardError, NonFiniteTrainingError)) or training_args.world_size == 1
     if is_sharded(trainer.model) and not together:
-        _error(f"{reason} (weights at step {step} not saved: the processes of a sharded run save together{resume})")
+        print_error(
+            f"{reason} (weights at step {step} not saved: the processes of a sharded run save together{resume})"
+        )
         return code
     saved = os.path.join(out, f"interrupted-step-{step}")
     try:
         trainer.save_model(saved)  # writes on the saving process only (all of them take part when sharded)
     except NonFiniteWeightsError as refusal:
-        _error(f"{reason} ({refusal}{resume})")
+        print_error(f"{reason} ({refusal}{resume})")
         return code
     except Exception as failure:  # noqa: BLE001 - the save itself failed (disk full, ...): say so, keep the cause
-        _error(f"{reason}; saving the weights failed too: {' '.join(str(failure).split())[:300]}{resume}")
+        print_error(f"{reason}; saving the weights failed too: {' '.join(str(failure).split())[:300]}{resume}")
         return code
     if isinstance(exc, RewardError):
         # Every process raises a reward failure together (see produce_rollout); none may exit, and so have the
         # launcher stop the others, before process 0 has written the weights.
         trainer.accelerator.wait_for_everyone()
     if not writer:
-        _error(reason)
+        print_error(reason)
     elif isinstance(exc, NonFiniteTrainingError):
-        _error(f"{exc.summary}; the last finite weights ({exc.weights}) are saved to {saved}")
+        print_error(f"{exc.summary}; the last finite weights ({exc.weights}) are saved to {saved}")
     else:
-        _error(f"{reason} (weights at step {step} saved to {saved}{resume})")
+        print_error(f"{reason} (weights at step {step} saved to {saved}{resume})")
     return code
 
 
@@ -338,113 +338,6 @@ def _remove_staged_checkpoints(output_dir: str) -> None:
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
         if name.startswith(STAGING_PREFIX):
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-
-
-def _local_path_problems(path: str) -> list[str]:
-    """A model path written as a local one (absolute, ./, ../, ~) must be a folder: said here, with the nearest
-    sibling folder, instead of transformers trying the hub with it ("Repo id must use alphanumeric chars")."""
-    expanded = os.path.expanduser(path)
-    if os.path.isdir(expanded):
-        return []
-    hint = _nearest_sibling(path, folders_only=True)
-    written_as_local = path.startswith(("/", "./", "../", "~")) or os.sep + ".." in path
-    # A bare name (`tiny-modle`) or `org/name` may be a hub id: taken for a local typo only when a folder of nearly
-    # that name is there (`tiny-model`), so that the hub is never tried for it.
-    if not written_as_local and not hint:
-        return []
-    what = "is a file, not a model folder" if os.path.exists(expanded) else "does not exist"
-    return [f"model_name_or_path={path!r}: {what}{hint}"]
-
-
-def _nearest_sibling(path: str, *, folders_only: bool) -> str:
-    """ "; did you mean 'NEAR'?" for the entry beside `path` whose name is nearest to its own, or "" for none."""
-    from grpokit.config.suggest import closest
-
-    expanded = os.path.expanduser(path).rstrip(os.sep)
-    parent = os.path.dirname(expanded) or "."
-    if not os.path.isdir(parent):
-        return ""
-    names = sorted(n for n in os.listdir(parent) if not folders_only or os.path.isdir(os.path.join(parent, n)))
-    near = closest(os.path.basename(expanded), names)
-    return f"; did you mean {os.path.join(os.path.dirname(path.rstrip(os.sep)), near)!r}?" if near else ""
-
-
-_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt")
-
-
-def _local_data_problems(script_args, mixture) -> list[str]:
-    """A dataset written as a local file (a data-file suffix, or a local-looking path) must exist: said here, with the
-    nearest file beside it, instead of after the model loaded."""
-    paths = [("dataset_name", script_args.dataset_name)] if script_args.dataset_name else []
-    paths += [(f"datasets[{i}].path", d.path) for i, d in enumerate(mixture.datasets)]
-    problems = []
-    for key, path in paths:
-        looks_local = path.endswith(_DATA_SUFFIXES) or path.startswith(("/", "./", "../", "~"))
-        if looks_local and not os.path.exists(os.path.expanduser(path)):
-            problems.append(f"{key}={path!r}: no such file or folder{_nearest_sibling(path, folders_only=False)}")
-    return problems
-
-
-def _reward_dependency_problems(script_args) -> list[str]:
-    """Built-in rewards that check answers with math-verify need it installed: said before anything loads."""
-    import importlib.util
-
-    from grpokit.rewards import MATH_REWARD_NAMES
-
-    names = [spec.get("name") if isinstance(spec, dict) else spec for spec in script_args.reward_funcs or []]
-    needing = [name for name in names if name in MATH_REWARD_NAMES]
-    if not needing or importlib.util.find_spec("math_verify") is not None:
-        return []
-    listed = ", ".join(repr(n) for n in needing)
-    return [
-        f"reward_funcs: {listed} check(s) answers with math-verify, which is not installed: "
-        "pip install 'grpokit[math]' (or math-verify)"
-    ]
-
-
-def check_train_args(argv):
-    """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
-    the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
-    for the processes they ask for."""
-    from grpokit.checkpoints import check_resume
-    from grpokit.config.parser import TrlParser
-    from grpokit.config.precision import hardware_problems
-    from grpokit.config.redaction import redact
-    from grpokit.config.rules import ConfigError
-    from grpokit.config.support import unsupported_settings
-
-    try:
-        resolution = TrlParser().resolve(argv, launch_options=True)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            _error(problem.line())
-        return None, []
-    for warning in resolution.warnings:
-        print(f"warning: {redact(warning)}", file=sys.stderr)
-    script_args, training_args, model_args, mixture = resolution.instances
-    problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
-    if not model_args.model_name_or_path:
-        problems.append("model_name_or_path is not set: give a local model directory or a hub id")
-    else:
-        problems += _local_path_problems(model_args.model_name_or_path)
-    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
-        problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
-    if not script_args.dataset_name and not mixture.datasets:
-        problems.append("no training data: set dataset_name or a `datasets:` mixture")
-    problems += _local_data_problems(script_args, mixture) + _reward_dependency_problems(script_args)
-    # resume_from_checkpoint: true/last -> the latest complete checkpoint; a missing one, or settings changed since
-    # the checkpoint (batch geometry, processes, num_generations, loss_type, beta, model), refused here.
-    problems += check_resume(resolution)
-    if training_args.process_index == 0:  # the other processes of a launch leave the folder to process 0
-        from grpokit.run_dir import checkpoint_bytes, output_dir_problems
-
-        problems += output_dir_problems(
-            training_args.output_dir,
-            resuming=training_args.resume_from_checkpoint is not None,  # check_resume made it a folder or None
-            overwrite=bool(training_args.overwrite_output_dir),
-            checkpoint_bytes=checkpoint_bytes(resolution.values),
-        )
-    return resolution, problems
 
 
 def _resolve_rewards(script_args, training_args) -> list:
@@ -575,7 +468,7 @@ def _write_resolved_config(resolution, output_dir) -> None:
     import transformers
 
     import grpokit
-    from grpokit.config.render import as_yaml
+    from grpokit.cli.render import as_yaml
 
     path = os.path.abspath(os.path.join(output_dir, "resolved_config.yaml"))
     header = [
@@ -605,7 +498,7 @@ def _user_reward_modules(specs) -> bool:
 
 
 def _demo_verdict(output_dir) -> None:
-    from grpokit.plot import read_metrics
+    from grpokit.cli.plot import read_metrics
 
     rows = [r for r in read_metrics(output_dir) if "reward" in r]
     if not rows:
