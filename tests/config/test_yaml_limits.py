@@ -57,3 +57,34 @@ def test_oversized_file_is_refused():
     with pytest.raises(ConfigError) as info:
         yaml_io.load_yaml_text("beta: 0.1\n" + "#" * yaml_io.MAX_BYTES, "big.yaml")
     assert "more than a config file may hold" in info.value.problems[0].line()
+
+
+@pytest.mark.parametrize("opening", ["[", "{a: "])
+def test_deep_nesting_is_one_line_not_a_recursion_error(opening):
+    closing = "]" if opening == "[" else "}"
+    text = "model_init_kwargs: " + opening * 500 + "1" + closing * 500 + "\n"  # about 1.5 KB
+    with pytest.raises(ConfigError) as info:
+        yaml_io.load_yaml_text(text, "deep.yaml")
+    (problem,) = info.value.problems
+    assert problem.line() == "config: deep.yaml:1: nested more than 64 levels deep; flatten it"
+
+
+def test_nesting_up_to_the_limit_is_read():
+    # the top-level mapping is level 1, so 63 lists inside it make 64 levels: read; one more is refused
+    data, _ = yaml_io.load_yaml_text("x: " + "[" * 63 + "]" * 63 + "\n", "ok.yaml")
+    inner = data["x"]
+    for _ in range(62):
+        (inner,) = inner
+    assert inner == []
+    with pytest.raises(ConfigError):
+        yaml_io.load_yaml_text("x: " + "[" * 64 + "]" * 64 + "\n", "deep.yaml")
+
+
+def test_deep_block_mapping_in_config_validate(tmp_path, capsys):
+    from grpokit.cli import main
+
+    path = tmp_path / "deep.yaml"
+    path.write_text("model_init_kwargs:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 400)))
+    assert main(["config", "validate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: config: {path}:65: nested more than 64 levels deep; flatten it"]

@@ -188,12 +188,23 @@ class TrlParser(HfArgumentParser):
         With `planning=True` (`grpokit config validate|show|plan`: nothing runs), when no process count is given
         (no num_processes, none in the accelerate config, no WORLD_SIZE), a batch-geometry problem that only the
         process count causes is a note naming the counts at which the geometry holds, not an error. Training
-        (`planning=False`) refuses it: it runs at that count.
+        (`planning=False`) refuses it: it runs at that count. Planning also leaves this process's environment as it
+        found it: the YAML's `env:` sections apply while the configuration is checked (transformers and the rules
+        read the environment) and are undone afterwards, so checking a config never sets `PATH` or `LD_PRELOAD` here.
         """
         args = list(sys.argv[1:] if args is None else args)
         if any(a in ("-h", "--help") for a in args):
             self.print_help()
             sys.exit(0)
+        if not planning:
+            return self._resolve(args, allow_remaining, launch_options, planning)
+        saved = dict(os.environ)
+        try:
+            return self._resolve(args, allow_remaining, launch_options, planning)
+        finally:
+            _restore_environment(saved)
+
+    def _resolve(self, args, allow_remaining, launch_options, planning) -> Resolution:
         configs, recipe_flag, field_tokens = _split_meta_args(args)
         owners = self._owners()
         report = _Report()
@@ -423,6 +434,15 @@ def _read_yaml_files(paths, report) -> list[tuple[str, dict, dict]]:
     return layers
 
 
+def _restore_environment(saved: dict[str, str]) -> None:
+    """Put os.environ back to `saved`: variables set since removed, changed ones reset."""
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def _apply_env_sections(yaml_layers, report) -> None:
     """Set the variables of every `env:` section (as strings) before anything else is applied."""
     for path, data, lines in yaml_layers:
@@ -439,6 +459,13 @@ def _apply_env_sections(yaml_layers, report) -> None:
                 report.problems.append(Problem(f"env.{key}", what, value, source=source))
                 continue
             text = str(value).lower() if isinstance(value, bool) else str(value)
+            if not key or "=" in key or "\0" in key:
+                what = "is not a variable name (empty, or holding '=' or a NUL byte)"
+                report.problems.append(Problem(f"env.{key!r}", what, source=source))
+                continue
+            if "\0" in text:
+                report.problems.append(Problem(f"env.{key}", "holds a NUL byte, which no variable can", source=source))
+                continue
             os.environ[key] = "" if value is None else text
             report.env[key] = (os.environ[key], source)
             if is_secret_env(key):

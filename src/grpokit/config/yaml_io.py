@@ -14,6 +14,9 @@ from .rules import ConfigError, Problem
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_EXPANDED_NODES = 200_000
+# How deep mappings and lists may nest. A real config nests a few levels (a dataset mixture: 4); PyYAML composes
+# nodes recursively, so a document of a few hundred `[` ends in a RecursionError instead of an answer.
+MAX_DEPTH = 64
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -88,11 +91,31 @@ def _expanded_size(node, memo: dict, limit: int) -> int:
     return size
 
 
+def _check_depth(text: str, name: str) -> None:
+    """Refuse a document nesting deeper than MAX_DEPTH, read from the parser's events (an iterative state machine,
+    unlike the composer) before any node is built. Syntax errors are left to the full load, which places them."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line = event.start_mark.line + 1
+                    raise ConfigError(
+                        [Problem("config", f"{name}:{line}: nested more than {MAX_DEPTH} levels deep; flatten it")]
+                    )
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return
+
+
 def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
     if len(text) > MAX_BYTES:
         raise ConfigError(
             [Problem("config", f"{name}: {len(text):,} characters, more than a config file may hold ({MAX_BYTES:,})")]
         )
+    _check_depth(text, name)
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
