@@ -34,6 +34,14 @@ def test_conversational_prompt_gets_a_system_message():
         ([{"prompt": "ok"}, {"prompt": None}], "train row 1: prompt is missing"),
         ([{"prompt": []}], "train row 0: prompt is an empty conversation"),
         ([{"prompt": [{"text": "x"}]}], "train row 0: prompt is a list whose items are not chat messages"),
+        (
+            [{"prompt": [{"role": "usr", "content": "a"}]}],
+            "train row 0: prompt message 0: role 'usr' is not one of system, developer, user, assistant, tool",
+        ),
+        (
+            [{"prompt": [{"role": "user", "content": [{"text": "a"}]}]}],
+            "train row 0: prompt message 0: content has type list; expected text or a list of content blocks",
+        ),
     ],
 )
 def test_bad_prompt_rows_name_their_index(rows, message):
@@ -187,3 +195,49 @@ def test_mixture_without_eval_data_names_both_ways(tmp_path):
     mixture = DatasetMixtureConfig(datasets=[DatasetConfig(path=a)])
     with pytest.raises(DataError, match="mixture has no eval data; set dataset_test_split to a local eval file"):
         load_train_eval(GRPOScriptArguments(), mixture, want_eval=True)
+
+
+def test_content_blocks_and_tool_call_turns_are_messages(tmp_path):
+    rows = [
+        {"prompt": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {
+            "prompt": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "w", "arguments": {}}}]},
+                {"role": "tool", "content": "sunny"},
+            ]
+        },
+    ]
+    train, _ = load_train_eval(
+        GRPOScriptArguments(dataset_name=_jsonl(tmp_path / "d.jsonl", rows)), DatasetMixtureConfig(), want_eval=False
+    )
+    assert train["prompt"][0][0]["content"] == [{"type": "text", "text": "hi"}]
+    assert train["prompt"][1][2] == {"role": "tool", "content": "sunny"}
+
+
+def test_a_message_whose_content_is_a_number_is_named(tmp_path):
+    # the probe's row: it crashed inside the chat template
+    rows = [{"prompt": [{"role": "user", "content": "a"}]}, {"prompt": [{"role": "user", "content": 5}]}]
+    with pytest.raises(DataError) as info:
+        load_train_eval(
+            GRPOScriptArguments(dataset_name=_jsonl(tmp_path / "d.jsonl", rows)),
+            DatasetMixtureConfig(),
+            want_eval=False,
+        )
+    assert str(info.value) == (
+        "train row 1: prompt message 0: content has type int; expected text or a list of content blocks "
+        "({'type': 'text', 'text': ...})"
+    )
+
+
+def test_a_dataset_mixing_text_and_chat_prompts_is_refused_at_the_first_odd_row(tmp_path):
+    path = _jsonl(
+        tmp_path / "mixed.jsonl",
+        [{"prompt": "plain"}, {"prompt": "also plain"}, {"prompt": [{"role": "user", "content": "chat"}]}],
+    )
+    with pytest.raises(DataError) as info:
+        load_train_eval(GRPOScriptArguments(dataset_name=path), DatasetMixtureConfig(), want_eval=False)
+    assert str(info.value) == (
+        "train row 2: prompt is a conversation, but row 0's is text; a dataset holds one kind of prompt (write the "
+        "text ones as [{'role': 'user', 'content': ...}])"
+    )

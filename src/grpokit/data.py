@@ -269,10 +269,19 @@ def prepare_prompts(dataset, column: str = "prompt", system_prompt: str | None =
             dataset = dataset.remove_columns("prompt")
         dataset = dataset.rename_column(column, "prompt")
     if hasattr(dataset, "__len__"):
+        first_kind = None
         for index, prompt in enumerate(dataset["prompt"]):
             problem = _prompt_problem(prompt)
             if problem:
                 raise DataError(f"{split} row {index}: prompt {problem}")
+            kind = "a conversation" if isinstance(prompt, list) else "text"
+            first_kind = first_kind or kind
+            if kind != first_kind:
+                # One template for the whole run: text is tokenized as it is, a conversation through the chat template.
+                raise DataError(
+                    f"{split} row {index}: prompt is {kind}, but row 0's is {first_kind}; a dataset holds one kind of "
+                    "prompt (write the text ones as [{'role': 'user', 'content': ...}])"
+                )
     if system_prompt:
         dataset = dataset.map(lambda row: {"prompt": with_system_prompt(row["prompt"], system_prompt)})
     return dataset
@@ -286,11 +295,35 @@ def _prompt_problem(prompt) -> str | None:
     if isinstance(prompt, list):
         if not prompt:
             return "is an empty conversation"
-        for message in prompt:
+        for position, message in enumerate(prompt):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 return "is a list whose items are not chat messages with 'role' and 'content'"
+            problem = _message_problem(message)
+            if problem:
+                return f"message {position}: {problem}"
         return None
     return f"has type {type(prompt).__name__}; expected text or a list of chat messages"
+
+
+# The roles chat templates render. A template meeting another one renders it as nothing, or fails deep inside Jinja.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _message_problem(message: dict) -> str | None:
+    """What is wrong with one chat message: its role, or content that is not text or a list of content blocks."""
+    role, content = message["role"], message["content"]
+    if role not in CHAT_ROLES:
+        return f"role {role!r} is not one of {', '.join(CHAT_ROLES)}"
+    if isinstance(content, str):
+        return None
+    if content is None and message.get("tool_calls"):  # an assistant turn that only calls tools
+        return None
+    if isinstance(content, list) and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content):
+        return None
+    return (
+        f"content has type {type(content).__name__}; expected text or a list of content blocks "
+        "({'type': 'text', 'text': ...})"
+    )
 
 
 def with_system_prompt(prompt, system_prompt: str):
