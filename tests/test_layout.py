@@ -170,6 +170,60 @@ def test_config_imports_only_reward_names_and_the_launch_count():
     assert _unit_graph()["grpokit.launch"] == set()  # and the launch imports nothing of grpokit
 
 
+# What each library unit may import: the README's package map, kept true here. Every edge points down this table.
+LEAVES = {"grpokit.algorithms", "grpokit.rewards", "grpokit.fastpath", "grpokit.launch", "grpokit.sharding"}
+MAY_IMPORT = {
+    "grpokit.trainer": {
+        "grpokit.checkpoints",
+        "grpokit.metrics",
+        "grpokit.rollout",
+        "grpokit.generation",
+        "grpokit.scoring",
+        "grpokit.data",
+        "grpokit.models",
+        "grpokit.config",
+        "grpokit.dist",
+        "grpokit.nan_guard",
+        "grpokit.tiny",
+    }
+    | LEAVES,
+    "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch"},
+    "grpokit.metrics": {"grpokit.algorithms", "grpokit.dist"},
+    "grpokit.rollout": {
+        "grpokit.generation",
+        "grpokit.algorithms",
+        "grpokit.rewards",
+        "grpokit.models",
+        "grpokit.config",
+        "grpokit.dist",
+    },
+    "grpokit.generation": {
+        "grpokit.scoring",
+        "grpokit.fastpath",
+        "grpokit.models",
+        "grpokit.sharding",
+        "grpokit.config",
+        "grpokit.dist",
+    },
+    "grpokit.scoring": {"grpokit.algorithms", "grpokit.fastpath", "grpokit.models", "grpokit.sharding"},
+    "grpokit.data": {"grpokit.config"},
+    "grpokit.models": {"grpokit.sharding"},
+    "grpokit.config": {"grpokit.rewards", "grpokit.launch"},
+    "grpokit.demo": {"grpokit.tiny"},
+    **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny"}},
+}
+
+
+@pytest.mark.parametrize("unit", sorted(MAY_IMPORT))
+def test_each_unit_imports_only_what_the_map_allows(unit):
+    assert _unit_graph().get(unit, set()) - MAY_IMPORT[unit] == set()
+
+
+def test_the_map_covers_every_library_unit():
+    units = {u for u in _unit_graph() if u != "grpokit.cli"}
+    assert units <= set(MAY_IMPORT)
+
+
 def test_the_trainer_is_glue():
     lines = (PACKAGE / "trainer.py").read_text(encoding="utf-8").count("\n")
     assert lines <= 600, f"trainer.py has {lines} lines"

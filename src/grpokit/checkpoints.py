@@ -13,6 +13,9 @@ checkpoint in output_dir (`latest_checkpoint`: the highest `checkpoint-N` holdin
 records the settings a resumed run must keep (`grpokit_run.json`: batch geometry, number of processes,
 num_generations, loss_type, beta, model, each with where its value came from); resuming with any of them changed is
 refused with every change listed (`resume_changes`), unless `resume_allow_changes` is set.
+
+Round state (`save_round_state` / `load_round_state`, called from `GRPOTrainer`'s checkpoint hooks): what a checkpoint
+needs beyond the Trainer's own files to resume exactly where it stopped inside a generation round.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import logging
 import os
 import re
 import shutil
+from collections import defaultdict
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
 
+ENTROPY_STATE_FILE = "entropy_ctrl_state.json"
+ROUND_STATE_FILE = "grpokit_round_rank{rank}.pt"  # one per process: its generation round at the checkpoint
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer's name for it, written last but one by Trainer
 RUN_FILE = "grpokit_run.json"
 STAGING_PREFIX = f"tmp-{PREFIX_CHECKPOINT_DIR}-"
@@ -221,6 +227,24 @@ def refusal(checkpoint: str, changes: list[str], asked: str | None = None) -> li
     ]
 
 
+def trainer_resume_checkpoint(trainer, resume_from_checkpoint) -> str | None:
+    """The checkpoint `GRPOTrainer.train(resume_from_checkpoint)` resumes from (`resolve_resume`), refused with
+    `ResumeError` when settings it records have changed since; with `resume_allow_changes` a warning instead."""
+    checkpoint = resolve_resume(resume_from_checkpoint, trainer.args.output_dir)
+    if checkpoint is None:
+        return None
+    changes = resume_changes(checkpoint, trainer_run_record(trainer))
+    if changes and not trainer.args.resume_allow_changes:
+        raise ResumeError(refusal(checkpoint, changes))
+    if changes and trainer.accelerator.is_main_process:
+        logger.warning(
+            "warning: resuming from %s with changed settings (resume_allow_changes): %s",
+            checkpoint,
+            "; ".join(changes),
+        )
+    return checkpoint
+
+
 def check_resume(resolution) -> list[str]:
     """For `grpokit train`, before anything loads: resolve resume_from_checkpoint into the training arguments (a
     checkpoint folder, or None) and return the problem lines (none when there is nothing to refuse). Changes allowed
@@ -262,7 +286,7 @@ def checkpoint_step(checkpoint: str | None) -> int | None:
 
 def processes_source(resolution) -> str:
     """Where a resolution's number of processes comes from, in a few words."""
-    from grpokit.accelerate_presets import under_launcher
+    from grpokit.launch import under_launcher
 
     if resolution.launch is not None and not under_launcher():  # checked here for the launch it will start
         return resolution.processes_how
@@ -361,3 +385,77 @@ def atomic_checkpoint(save_checkpoint):
             trainer._push_from_checkpoint(final)
 
     return save
+
+
+# ---------------------------------------------------------------------------------------------------- round state
+
+
+def save_round_state(trainer, folder: str) -> None:
+    """What a checkpoint needs beyond the Trainer's own files to resume exactly, written into `folder` (the
+    checkpoint being written): the entropy coefficient (main process) and, from every process, its generation round
+    (`grpokit_round_rank<i>.pt`): the micro-step count, the buffered micro-batches when the checkpoint falls inside a
+    round (they were generated with older weights; generating them again would not give the same), and the metrics and
+    completions not logged yet. The Trainer's RNG states continue the sampling from there."""
+    import torch
+
+    args, entropy_control = trainer.args, trainer._entropy_control
+    if entropy_control.adaptive and args.should_save:
+        with open(os.path.join(folder, ENTROPY_STATE_FILE), "w") as f:
+            json.dump(entropy_control.state_dict(), f)
+    if args.save_only_model:  # no optimizer or RNG states either: such a checkpoint cannot be resumed
+        return
+    inside_round = trainer._buffered_inputs is not None and trainer._step % trainer.generate_every != 0
+    state = {
+        "step": trainer._step,
+        "global_step": trainer.state.global_step,
+        "buffered_inputs": trainer._buffered_inputs if inside_round else None,
+        # python values as JSON text, so that the file loads with torch.load(weights_only=True)
+        "logged": json.dumps(
+            {
+                "metrics": trainer._metrics["train"],
+                "step_time": trainer._step_time,
+                "completions": trainer._completion_log.state_dict(),
+            },
+            default=str,
+        ),
+    }
+    os.makedirs(folder, exist_ok=True)  # a process can get here before the main one made the folder
+    torch.save(state, os.path.join(folder, ROUND_STATE_FILE.format(rank=args.process_index)))
+
+
+def load_round_state(trainer, checkpoint: str) -> None:
+    """Restore what `save_round_state` wrote (called once the Trainer state of `checkpoint` is loaded). Without a
+    matching round file (older grpokit, other geometry) the micro-step count follows from the step, and the round the
+    checkpoint falls in is generated again."""
+    import torch
+
+    args, entropy_control = trainer.args, trainer._entropy_control
+    path = os.path.join(checkpoint, ENTROPY_STATE_FILE)
+    if entropy_control.adaptive and os.path.exists(path):
+        with open(path) as f:
+            entropy_control.load_state_dict(json.load(f))
+    path = os.path.join(checkpoint, ROUND_STATE_FILE.format(rank=args.process_index))
+    state = None
+    if os.path.isfile(path):
+        state = torch.load(path, map_location=trainer.accelerator.device, weights_only=True)
+    buffered = state["buffered_inputs"] if state is not None else None
+    if (
+        state is None
+        or state["global_step"] != trainer.state.global_step
+        or (buffered is not None and len(buffered) != args.steps_per_generation)
+    ):
+        trainer._step = trainer.state.global_step * args.gradient_accumulation_steps
+        trainer._buffered_inputs = None
+        if trainer._step % trainer.generate_every:
+            logger.warning(
+                "%s has no saved generation round for process %d: the round it falls in is generated again "
+                "with the current weights, so the run continues but not exactly as it would have",
+                checkpoint,
+                args.process_index,
+            )
+        return
+    trainer._step, trainer._buffered_inputs = state["step"], buffered
+    logged = json.loads(state["logged"])
+    trainer._metrics["train"] = defaultdict(list, logged["metrics"])
+    trainer._step_time = logged["step_time"]
+    trainer._completion_log.load_state_dict(logged["completions"])

@@ -1,4 +1,5 @@
-"""The models around a rollout: loading the policy and reward models, preparing the policy and the reference.
+"""The models around a rollout: loading the policy and reward models, preparing the policy and the reference, and
+placing them for the trainer (frozen models sharded like the policy; the bare policy for generation).
 
 Model loading follows TRL 1.16: `model_init_kwargs` go to `from_pretrained`, `dtype` defaults to float32 and may be a
 `torch.dtype`, `"auto"`, or one of `"bfloat16"`, `"float16"`, `"float32"`.
@@ -7,11 +8,15 @@ Model loading follows TRL 1.16: `model_init_kwargs` go to `from_pretrained`, `dt
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
@@ -251,3 +256,100 @@ def router_aux_loss(model, coef: float | None) -> tuple[float, bool]:
         )
     coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef
     return coef, has_router and coef != 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- for the trainer
+
+
+@dataclass
+class TrainerModels:
+    """What `build_models` hands the trainer."""
+
+    policy: Any  # the model to train (with its PEFT adapter, if any)
+    tokenizer: Any
+    reference: (
+        Any  # a frozen copy for the KL term, or None (beta == 0, or PEFT: the adapter disabled is the reference)
+    )
+    model_path: str | None  # the policy's checkpoint (vLLM starts from it)
+    eos_token_ids: list[int]
+    router_aux_loss_coef: float
+    aux_loss_enabled: bool
+
+
+def build_models(model, processing_class, peft_config, args) -> TrainerModels:
+    """The policy (loaded if a path, with PEFT if asked), its tokenizer and the reference model, as `args` (a
+    `GRPOConfig`) prepares them: dropout off, lm_head in float32, the MoE router loss."""
+    from transformers import set_seed
+
+    set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
+    model_path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
+    if isinstance(model, str):
+        model = load_policy(model, args.model_init_kwargs, args.trust_remote_code)
+    elif args.model_init_kwargs:
+        logger.warning("model_init_kwargs is ignored: the model is already instantiated")
+    tokenizer = prepare_tokenizer(model, processing_class, args.trust_remote_code, args.chat_template)
+    eos_ids = eos_token_ids(model, tokenizer)
+    model, reference = prepare_policy(
+        model,
+        peft_config,
+        beta=args.beta,
+        gradient_checkpointing=args.gradient_checkpointing,
+        sync_ref_model=args.sync_ref_model,
+    )
+    for m in (model, reference):
+        if m is not None and args.disable_dropout:
+            disable_dropout(m)
+        if m is not None and args.cast_lm_head_to_fp32:
+            cast_lm_head_to_fp32(m)
+    coef, enabled = router_aux_loss(model, args.router_aux_loss_coef)
+    return TrainerModels(model, tokenizer, reference, model_path, eos_ids, coef, enabled)
+
+
+def place_frozen(model, accelerator):
+    """An inference-only model (reference, reward model) placed as the policy is: under ZeRO-3 a DeepSpeed engine
+    partitioned like the policy; under FSDP2 sharded per decoder layer; otherwise a full copy on each process's device
+    (ZeRO-1/2 shard only optimizer state and gradients, which a frozen model has not)."""
+    from . import sharding
+
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.zero_stage == 3:
+        return sharding.prepare_deepspeed_inference(model, accelerator)
+    if accelerator.is_fsdp2:
+        return sharding.shard_reference_fsdp2(model.to(accelerator.device), accelerator)
+    return accelerator.prepare_model(model, evaluation_mode=True, device_placement=True)
+
+
+def deepspeed_zero3_engine(model_wrapped):
+    """The policy's DeepSpeed engine under ZeRO-3 once it is prepared (None otherwise)."""
+    from .sharding import zero3_partitioned
+
+    if type(model_wrapped).__name__ != "DeepSpeedEngine" or not zero3_partitioned(model_wrapped.module):
+        return None
+    return model_wrapped
+
+
+@contextlib.contextmanager
+def unwrapped_for_generation(accelerator, model_wrapped, ds3_gather_for_generation: bool):
+    """The bare policy, with activation checkpointing off meanwhile (in training mode it disables the KV cache), and
+    under ZeRO-3 its parameters gathered (with `ds3_gather_for_generation`).
+
+    The per-layer flags are switched rather than calling `*_checkpointing_disable/enable`, so the checkpointing
+    settings the Trainer chose (kwargs, every_n_layers, offload) stay exactly as they were.
+    """
+    from .sharding import gathered_for_generation
+
+    model = accelerator.unwrap_model(model_wrapped)
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    gather = (
+        gathered_for_generation(model_wrapped, model)
+        if ds3_gather_for_generation and deepspeed_zero3_engine(model_wrapped) is not None
+        else contextlib.nullcontext()
+    )
+    for layer in layers:
+        layer.gradient_checkpointing = False
+    try:
+        with gather:
+            yield model
+    finally:
+        for layer in layers:
+            layer.gradient_checkpointing = True

@@ -71,6 +71,18 @@ def nonfinite_tensors(model: torch.nn.Module) -> list[str]:
     return bad
 
 
+def refuse_nonfinite_weights(model: torch.nn.Module, output_dir, *, sum_over_processes=None, device=None) -> None:
+    """Raise `NonFiniteWeightsError` (naming the tensors) when `model`'s weights hold NaN or inf. Each process checks
+    the weights it holds; pass `sum_over_processes` (a collective sum of a tensor on `device`) when they are sharded,
+    so that the processes sum their counts and all refuse together."""
+    bad = nonfinite_tensors(model)
+    total = len(bad)
+    if sum_over_processes is not None:
+        total = int(sum_over_processes(torch.tensor(float(total), device=device)).item())
+    if total:
+        raise NonFiniteWeightsError(output_dir, bad, total)
+
+
 class NaNGuard:
     """Decides, once per optimizer step, whether the step is skipped; counts the skips.
 

@@ -1,49 +1,48 @@
 """`GRPOTrainer`: a `transformers.Trainer` that trains a causal LM with GRPO; a drop-in for TRL 1.16's.
 
-The trainer is glue. Rollouts (generate, reward, advantages) are produced by `grpokit.rollout.produce_rollout`; the
-loss is one call to `grpokit.algorithms.policy_loss`. What is left here: building the models and collaborators,
-feeding the Trainer generation batches in the right order, buffering a rollout across the micro-steps that reuse
-it, normalising the loss for gradient accumulation, and logging.
+The trainer is glue. Models come from `grpokit.models.build_models`, the generation backend from
+`grpokit.generation.build_generator`; rollouts (generate, reward, advantages) are produced by
+`grpokit.rollout.produce_rollout`; the loss is one call to `grpokit.algorithms.policy_loss` with the `LossSettings`
+built once from the config; metric buffers and their cross-process reductions are `grpokit.metrics`'; round state in
+checkpoints is `grpokit.checkpoints`'. What is left here: feeding the Trainer generation batches in the right order,
+buffering a rollout across the micro-steps that reuse it, normalising the loss for gradient accumulation, and
+logging.
 
 Generation rounds: the dataloader yields, per process, `per_device_train_batch_size x steps_per_generation` rows
 (each prompt repeated `num_generations` times), and yields the same rows again for each of the
 `steps_per_generation x num_iterations` micro-steps that train on them; a rollout is produced on the first and
-sliced into `steps_per_generation` micro-batches.
+sliced into `steps_per_generation` micro-batches (`generate_every`: the one definition of how often a round starts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
-import math
 import os
 import time
-from collections import defaultdict
 
 import torch
 from accelerate.utils import set_seed as set_process_seed
-from transformers import PreTrainedModel, Trainer, TrainerCallback, set_seed
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_datasets_available
 
 from . import checkpoints, models, sharding
-from .algorithms import off_policy_mask, policy_loss
-from .algorithms.diagnostics import SEQ_MAX, SEQ_MIN, loss_diagnostics
+from .algorithms import LossSettings, off_policy_mask, policy_loss
+from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
 from .config.grpo_config import GRPOConfig, set_wandb_environment
 from .config.precision import hardware_problems, resolve_precision
 from .config.redaction import hidden_secrets
-from .config.rules import vllm_mode_warnings
+from .config.rules import reference_problems, vllm_mode_warnings
 from .config.support import unsupported_settings
-from .generation import TransformersGenerator
+from .dist import AcceleratorCollective
+from .generation import build_generator
 from .launch import engine_problems, launch_problems, launched_engine
-from .nan_guard import NaNGuard, NonFiniteWeightsError, nonfinite_tensors
-from .rollout.dist import AcceleratorCollective
+from .metrics import MetricBuffers
+from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .rollout.report import CompletionLog
-from .rollout.rewards import RewardError, build_reward_functions
-from .rollout.rewards import _sample as describe_sample
+from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
@@ -52,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 # Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
 _TRL_ONLY_ARGUMENTS = ("quantization_config", "tools", "rollout_func", "environment_factory")
-_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"
-_ROUND_STATE_FILE = "grpokit_round_rank{rank}.pt"  # one per process: its generation round at the checkpoint
 
 
 def identity(rows):
@@ -103,7 +100,10 @@ class GRPOTrainer(Trainer):
         resolve_precision(args)
         set_wandb_environment(args)
 
-        model, tokenizer = self._build_models(model, processing_class, peft_config, args)
+        built = models.build_models(model, processing_class, peft_config, args)
+        self._model_path, self.eos_token_ids, self.ref_model = built.model_path, built.eos_token_ids, built.reference
+        self.router_aux_loss_coef, self.aux_loss_enabled = built.router_aux_loss_coef, built.aux_loss_enabled
+        self.loss_settings = LossSettings.from_config(args)
         self.rewards = build_reward_functions(
             reward_funcs,
             _as_list(reward_processing_classes),
@@ -116,12 +116,12 @@ class GRPOTrainer(Trainer):
         self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
 
         super().__init__(
-            model=model,
+            model=built.policy,
             args=args,
             data_collator=identity,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            processing_class=tokenizer,
+            processing_class=built.tokenizer,
             callbacks=callbacks,
             optimizers=optimizers,
         )
@@ -134,7 +134,7 @@ class GRPOTrainer(Trainer):
         self._place_auxiliary_models()
         if args.sync_ref_model:
             self.add_callback(_SyncReferenceCallback(self))
-        self.generator = self._make_generator(args)
+        self.generator = self._make_generator(args)  # after the Trainer has placed the policy
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
         set_process_seed(args.seed, device_specific=True)  # different samples on each process
@@ -144,56 +144,29 @@ class GRPOTrainer(Trainer):
         """The entropy bonus's current coefficient (it moves during training with use_adaptive_entropy)."""
         return self._entropy_control.coef
 
-    # ------------------------------------------------------------------------------------------------ construction
+    @property
+    def generate_every(self) -> int:
+        """Micro-steps per generation round: a round is generated, then trained on by `steps_per_generation`
+        micro-batches, `num_iterations` times each."""
+        return self.args.steps_per_generation * self.args.num_iterations
 
-    def _build_models(self, model, processing_class, peft_config, args):
-        """The policy (loaded if a path, with PEFT if asked), its tokenizer and the reference model."""
-        set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
-        self._model_path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
-        if isinstance(model, str):
-            model = models.load_policy(model, args.model_init_kwargs, args.trust_remote_code)
-        elif args.model_init_kwargs:
-            logger.warning("model_init_kwargs is ignored: the model is already instantiated")
-        tokenizer = models.prepare_tokenizer(model, processing_class, args.trust_remote_code, args.chat_template)
-        self.eos_token_ids = models.eos_token_ids(model, tokenizer)
-        model, self.ref_model = models.prepare_policy(
-            model,
-            peft_config,
-            beta=args.beta,
-            gradient_checkpointing=args.gradient_checkpointing,
-            sync_ref_model=args.sync_ref_model,
-        )
-        for m in (model, self.ref_model):
-            if m is not None and args.disable_dropout:
-                models.disable_dropout(m)
-            if m is not None and args.cast_lm_head_to_fp32:
-                models.cast_lm_head_to_fp32(m)
-        self.router_aux_loss_coef, self.aux_loss_enabled = models.router_aux_loss(model, args.router_aux_loss_coef)
-        return model, tokenizer
+    # ------------------------------------------------------------------------------------------------ construction
 
     def _init_state(self, args):
         self._dist = AcceleratorCollective(self.accelerator)
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
-        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._pending_metrics = defaultdict(list)  # from reward functions' log_metric
+        self._metrics = MetricBuffers(self._dist, self.accelerator.device)
         self._completion_log = CompletionLog(args.generation_batch_size)
         # The latest generation batch as one dict per completion, for callbacks (the CLI's run recorder reads and
         # clears it); bounded, so nothing accumulates when no one reads it.
         self.logged_completions = self._completion_log.samples
-        self._entropy_control = EntropyCoefficient(
-            coef=args.entropy_coef,
-            adaptive=args.use_adaptive_entropy,
-            target=args.entropy_target,
-            delta=args.entropy_coef_delta,
-            coef_min=args.entropy_coef_min,
-            coef_max=args.entropy_coef_max,
-        )
+        self._entropy_control = EntropyCoefficient.from_config(args)
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
-        self._unscorable_rounds = 0  # training rounds in a row where every reward was None/NaN
-        self._warned_unscorable = False
+        warn = logger.warning if self.accelerator.is_main_process else None
+        self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
         # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
         # hook could skip it: there the guard is off (save_model still refuses non-finite weights).
         self._nan_guard = None
@@ -205,96 +178,35 @@ class GRPOTrainer(Trainer):
             self._nan_guard = NaNGuard(args.max_nonfinite_steps, grad_scaler=self.accelerator.scaler is not None)
 
     def _place_auxiliary_models(self):
-        """The reference and reward models, inference only: under ZeRO-3 DeepSpeed engines partitioned like the
-        policy; under FSDP2 sharded per decoder layer; otherwise a full copy on each process's device (ZeRO-1/2 shard
-        only optimizer state and gradients, which a frozen model has not)."""
+        """The reference and reward models, inference only, placed as the policy is (see `models.place_frozen`)."""
         for i, func in enumerate(self.rewards.funcs):
             if isinstance(func, PreTrainedModel):
-                self.rewards.funcs[i] = self._place_frozen(func)
+                self.rewards.funcs[i] = models.place_frozen(func, self.accelerator)
         if self.ref_model is not None:
-            self.ref_model = self._place_frozen(self.ref_model)
-
-    def _place_frozen(self, model):
-        plugin = self.accelerator.state.deepspeed_plugin
-        if plugin is not None and plugin.zero_stage == 3:
-            return sharding.prepare_deepspeed_inference(model, self.accelerator)
-        if self.accelerator.is_fsdp2:
-            return sharding.shard_reference_fsdp2(model.to(self.accelerator.device), self.accelerator)
-        return self.accelerator.prepare_model(model, evaluation_mode=True, device_placement=True)
+            self.ref_model = models.place_frozen(self.ref_model, self.accelerator)
 
     def _make_generator(self, args):
-        """The generation backend: vLLM (colocate or server) when `use_vllm`, else transformers' `generate`. vLLM fields
-        that have no effect here (without use_vllm, or of the other mode) are named in a warning."""
+        """The generation backend `args` asks for (`grpokit.generation.build_generator`). vLLM fields that have no
+        effect here (without use_vllm, or of the other mode) are named in a warning."""
         defaults = {f.name: f.default for f in dataclasses.fields(args)}
         for line in vllm_mode_warnings(vars(args), defaults):
             logger.warning(line)
-        if args.use_vllm:
-            return self._make_vllm_generator(args)
-        from transformers import GenerationConfig
-
-        generation_kwargs = {
-            "max_new_tokens": args.max_completion_length,
-            "do_sample": True,
-            "pad_token_id": self.processing_class.pad_token_id,
-            "bos_token_id": self.processing_class.bos_token_id,
-            "eos_token_id": self.eos_token_ids,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "top_k": args.top_k,
-            "min_p": args.min_p,
-            "repetition_penalty": args.repetition_penalty,
-            "cache_implementation": args.cache_implementation,
-            **(args.generation_kwargs or {}),  # they win over the fields above, as in TRL
-        }
-        return TransformersGenerator(
-            self._unwrapped_for_generation,
-            GenerationConfig(**generation_kwargs, disable_compile=True),
-            pad_token_id=self.processing_class.pad_token_id,
-            eos_token_ids=self.eos_token_ids,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-            device=self.accelerator.device,
-        )
-
-    def _make_vllm_generator(self, args):
-        from .generation.vllm_common import build_vllm_generator
-
-        return build_vllm_generator(
+        return build_generator(
             args,
+            policy=self._unwrapped_for_generation,
             model_path=self._model_path,
-            dtype=str(self.accelerator.unwrap_model(self.model).dtype).removeprefix("torch."),
+            dtype=self.accelerator.unwrap_model(self.model).dtype,
+            tokenizer=self.processing_class,
             eos_token_ids=self.eos_token_ids,
+            device=self.accelerator.device,
             dist=self._dist,
         )
 
-    @contextlib.contextmanager
     def _unwrapped_for_generation(self):
-        """The bare policy, with activation checkpointing off meanwhile (in training mode it disables the KV cache).
-
-        The per-layer flags are switched rather than calling `*_checkpointing_disable/enable`, so the checkpointing
-        settings the Trainer chose (kwargs, every_n_layers, offload) stay exactly as they were.
-        """
-        model = self.accelerator.unwrap_model(self.model_wrapped)
-        layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
-        gather = (
-            sharding.gathered_for_generation(self.model_wrapped, model)
-            if self.args.ds3_gather_for_generation and self._deepspeed_engine() is not None
-            else contextlib.nullcontext()
+        # Read at each round: the Trainer wraps the policy (DDP, DeepSpeed) only once training starts.
+        return models.unwrapped_for_generation(
+            self.accelerator, self.model_wrapped, self.args.ds3_gather_for_generation
         )
-        for layer in layers:
-            layer.gradient_checkpointing = False
-        try:
-            with gather:
-                yield model
-        finally:
-            for layer in layers:
-                layer.gradient_checkpointing = True
-
-    def _deepspeed_engine(self):
-        """The policy's DeepSpeed engine under ZeRO-3 once it is prepared (None otherwise)."""
-        engine = self.model_wrapped
-        if type(engine).__name__ != "DeepSpeedEngine" or not sharding.zero3_partitioned(engine.module):
-            return None
-        return engine
 
     # ------------------------------------------------------------------------------------------------ data order
 
@@ -317,7 +229,7 @@ class GRPOTrainer(Trainer):
             dataset if dataset is not None else self.train_dataset,
             mini_repeat_count=self.args.num_generations,
             batch_size=self.args.generation_batch_size // self.args.num_generations,
-            repeat_count=self.args.num_iterations * self.args.steps_per_generation,
+            repeat_count=self.generate_every,
             shuffle=self.args.shuffle_dataset,
             seed=self.args.seed,
         )
@@ -337,24 +249,13 @@ class GRPOTrainer(Trainer):
     def _prepare_inputs(self, rows):
         if not self.model.training:  # evaluation: one rollout per batch, no reuse
             return self._rollout(rows, "eval").micro_batches(1, shuffle=False)[0]
-        generate_every = self.args.steps_per_generation * self.args.num_iterations
-        if self._step % generate_every == 0 or self._buffered_inputs is None:  # None after resuming
+        if self._step % self.generate_every == 0 or self._buffered_inputs is None:  # None after resuming
             self._buffered_inputs = self._rollout(rows, "train").micro_batches(self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _rollout(self, rows, mode: str):
         args = self.args
-        settings = RolloutSettings(
-            num_generations=self._num_generations(mode),
-            max_prompt_length=args.max_prompt_length,
-            chat_template_kwargs=dict(args.chat_template_kwargs or {}),
-            mask_truncated_completions=args.mask_truncated_completions,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-            scale_rewards=args.scale_rewards,
-            reward_weights=args.reward_weights,
-            multi_objective_aggregation=args.multi_objective_aggregation,
-            **self._importance_sampling_settings(),
-        )
+        settings = RolloutSettings.from_config(args, self._num_generations(mode))
         if args.use_vllm and self._synced_step != self.state.global_step:
             # The policy changed since the engine last got its weights (or it never did): push them once per round.
             policy = self.accelerator.unwrap_model(self.model)
@@ -370,67 +271,29 @@ class GRPOTrainer(Trainer):
             rewards=self.rewards,
             settings=settings,
             eos_token_ids=self.eos_token_ids,
-            old_logps_fn=self._logps_fn(self.model, chunk) if self._needs_old_logps(mode) else None,
+            old_logps_fn=self._logps_fn(self.model, chunk) if self._needs_old_logps(settings, mode) else None,
             ref_logps_fn=self._reference_logps_fn(chunk) if args.beta != 0.0 else None,
             reward_kwargs={
                 "trainer_state": self.state,
                 "log_extra": self._completion_log.add_extra,
-                "log_metric": lambda name, value: self._pending_metrics[name].append(value),
+                "log_metric": self._metrics.report,
             },
             dist=self._dist,
             device=self.accelerator.device,
         )
         self._record_rollout(rollout, mode)
-        self._check_scorable(rollout, mode)
+        self._unscorable.check(rollout, mode)
         return rollout
 
-    def _check_scorable(self, rollout, mode: str) -> None:
-        """A round where every reward is None/NaN teaches nothing (zero advantages): warn the first time; stop after
-        `max_unscorable_rounds` training rounds in a row. Every process sees the same gathered rewards and agrees."""
-        if not rollout.unscorable:
-            if mode == "train":
-                self._unscorable_rounds = 0
-            return
-        if not self._warned_unscorable and self.accelerator.is_main_process:
-            logger.warning(
-                f"every reward was None/NaN in this round ({', '.join(map(repr, self.reward_func_names))} scored none "
-                f"of {len(rollout.completions)} completions): nothing to learn from it, its advantages are 0 and "
-                "its reward metrics NaN; warned once"
-            )
-        self._warned_unscorable = True
-        if mode != "train":
-            return
-        self._unscorable_rounds += 1
-        limit = self.args.max_unscorable_rounds
-        if limit is not None and self._unscorable_rounds >= limit:
-            raise RewardError(
-                f"every reward was None/NaN in {self._unscorable_rounds} generation rounds in a row "
-                f"(max_unscorable_rounds={limit}): nothing to learn from; "
-                f"{', '.join(map(repr, self.reward_func_names))} scored none of the {len(rollout.completions)} "
-                "completions of the last round, which starts with "
-                + describe_sample(rollout.prompts, rollout.completions, 0)
-            )
-
-    def _importance_sampling_settings(self) -> dict:
-        args = self.args
-        if not (args.use_vllm and args.vllm_importance_sampling_correction):
-            return {}
-        return dict(
-            importance_sampling_mode=args.vllm_importance_sampling_mode,
-            importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
-            importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
-        )
-
-    def _needs_old_logps(self, mode: str) -> bool:
+    def _needs_old_logps(self, settings: RolloutSettings, mode: str) -> bool:
         """Old log-probabilities are scored after generation when updates are off-policy, and with vLLM's
         importance-sampling correction (which compares them with vLLM's own), as TRL does."""
-        return bool(self._importance_sampling_settings()) or (mode == "train" and self._off_policy())
+        return settings.importance_sampling_mode is not None or (mode == "train" and self._off_policy())
 
     def _off_policy(self) -> bool:
         """Whether the weights can change between generating a batch and training on it: when its micro-steps do
         not all fall inside one optimizer step. Otherwise the old log-probabilities equal the current ones."""
-        generate_every = self.args.steps_per_generation * self.args.num_iterations
-        return self.args.gradient_accumulation_steps % generate_every != 0
+        return self.args.gradient_accumulation_steps % self.generate_every != 0
 
     def _logps_fn(self, model, chunk_size):
         def logps(input_ids, attention_mask, logits_to_keep):
@@ -465,13 +328,7 @@ class GRPOTrainer(Trainer):
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
-        # Scalars reward functions logged with log_metric, averaged over processes (every process takes part in the
-        # reduction of every name, even one it did not log).
-        for name in sorted(set(self._dist.gather_object(list(self._pending_metrics)))):
-            values = self._pending_metrics.get(name, [])
-            total = self._dist.sum(torch.tensor([sum(values), len(values)], device=self.accelerator.device).float())
-            metrics[name].append((total[0] / total[1].clamp(min=1)).item())
-        self._pending_metrics.clear()
+        self._metrics.add_reported(mode)  # what reward functions logged with log_metric
         self._completion_log.add_rollout(rollout, self.reward_func_names, self._dist)
 
     # ------------------------------------------------------------------------------------------------ loss
@@ -509,21 +366,24 @@ class GRPOTrainer(Trainer):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         splits = args.steps_per_generation if mode == "train" else 1
         num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
-        loss_kwargs = self._loss_kwargs()
-        loss = policy_loss(
+        result = policy_loss(
             logps,
             old_logps,
             inputs["advantages"],
             mask,
-            **loss_kwargs,
+            settings=self.loss_settings,
             ref_logps=inputs.get("ref_logps"),
             num_items_in_batch=num_items,
             off_policy_mask=off_policy_keep,
             entropy_mask=entropy_keep,
             importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
         )
-        self._log_loss_metrics(logps, old_logps, inputs, entropies.detach(), loss_kwargs, mode)
-        return self._regularised(loss, scores, mask, entropy_keep, accumulation, mode)
+        # The diagnostics read the ratio and KL the loss computed (detached), not a second copy of them.
+        self._metrics[mode]["entropy"].append(self._metrics.global_mean(entropies.detach(), mask))
+        self._metrics.add_diagnostics(
+            mode, step_diagnostics(result.terms, inputs["advantages"], mask, self.loss_settings), mask
+        )
+        return self._regularised(result.loss, scores, mask, entropy_keep, accumulation, mode)
 
     def _regularised(self, loss, scores, mask, entropy_keep, accumulation, mode: str):
         """The policy loss, scaled for gradient accumulation, minus the entropy bonus, plus the MoE router loss."""
@@ -534,31 +394,12 @@ class GRPOTrainer(Trainer):
             active = mask if entropy_keep is None else mask * entropy_keep
             bonus = masked_entropy_mean(scores.entropies, active) / accumulation
             loss = loss - self._entropy_control.applied() * bonus
-            self._metrics[mode]["policy_loss"].append(self._dist.gather(policy_value).nanmean().item())
+            self._metrics[mode]["policy_loss"].append(self._metrics.gathered_mean(policy_value, skip_nan=True))
             self._track_entropy(scores.entropies.detach(), active, mode)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * scores.aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self._dist.gather(scores.aux_loss.detach()).mean().item())
+            self._metrics[mode]["aux_loss"].append(self._metrics.gathered_mean(scores.aux_loss))
         return loss
-
-    def _loss_kwargs(self) -> dict:
-        args = self.args
-        return dict(
-            loss_type=args.loss_type,
-            epsilon_low=args.epsilon,
-            epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
-            delta=args.delta,
-            importance_sampling_level=args.importance_sampling_level,
-            sapo_temperature_pos=args.sapo_temperature_pos,
-            sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos,
-            vespo_lambda_pos=args.vespo_lambda_pos,
-            vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg,
-            beta=args.beta,
-            max_completion_length=args.max_completion_length,
-            use_bias_correction_kl=args.use_bias_correction_kl,
-        )
 
     def _entropy_mask(self, entropies, mask):
         """Keep the top `top_entropy_quantile` fraction of tokens by entropy, ranked over all processes' tokens."""
@@ -578,42 +419,6 @@ class GRPOTrainer(Trainer):
                 self._entropy_window = None
         if self.accelerator.sync_gradients:
             self._metrics[mode]["entropy_coef"].append(self._entropy_control.coef)
-
-    def _log_loss_metrics(self, logps, old_logps, inputs, entropies, loss_kwargs, mode: str):
-        mask = inputs["completion_mask"]
-        metrics = self._metrics[mode]
-        metrics["entropy"].append(self._global_mean(entropies, mask))
-        diagnostics = self._diagnostics(logps, old_logps, inputs, loss_kwargs)
-        for name, (values, reduction) in diagnostics.items():
-            if reduction in (SEQ_MIN, SEQ_MAX):
-                per_sequence = values.squeeze(1) if values.size(1) == 1 else (values * mask).sum(-1) / mask.sum(-1)
-                gathered = self._dist.gather(per_sequence)
-                gathered = gathered[~torch.isnan(gathered)]
-                pick = torch.min if reduction == SEQ_MIN else torch.max
-                metrics[name].append(pick(gathered).item() if gathered.numel() else float("nan"))
-            else:
-                metrics[name].append(self._global_mean(values, mask))
-
-    def _diagnostics(self, logps, old_logps, inputs, loss_kwargs):
-        keep = ("loss_type", "importance_sampling_level", "epsilon_low", "epsilon_high", "delta")
-        keep += ("use_bias_correction_kl", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
-        return loss_diagnostics(
-            logps,
-            old_logps,
-            inputs["advantages"],
-            inputs["completion_mask"],
-            ref_logps=inputs.get("ref_logps"),
-            **{k: loss_kwargs[k] for k in keep},
-        )
-
-    def _global_mean(self, values, mask) -> float:
-        """Mean over the active tokens of all processes (over sequences for per-sequence `(B, 1)` values)."""
-        if values.size(1) == 1:
-            stats = torch.stack([values.sum(), torch.tensor(float(values.size(0)), device=values.device)])
-        else:
-            stats = torch.stack([(values * mask).sum(), mask.sum().float()])
-        total = self._dist.sum(stats.float())
-        return (total[0] / total[1].clamp(min=1.0)).item()
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
@@ -661,12 +466,7 @@ class GRPOTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        metrics = {}
-        for name, values in self._metrics[mode].items():
-            # A metric that is NaN in one batch (e.g. every reward None) must not poison the whole interval; NaN in
-            # every batch is logged as NaN (as TRL does).
-            valid = [v for v in values if not math.isnan(v)]
-            metrics[name] = sum(valid) / len(valid) if valid else math.nan
+        metrics = self._metrics.interval_means(mode)
         if mode == "eval":
             metrics = {f"eval_{name}": value for name, value in metrics.items()}
         elif self._nan_guard is not None and "loss" in logs:  # a training row (not the end-of-training summary)
@@ -689,17 +489,7 @@ class GRPOTrainer(Trainer):
         output_dir, interrupted saves ignored), and refused (ValueError listing them) when settings the checkpoint
         records have changed since: batch geometry, processes, num_generations, loss_type, beta 0 or not, model;
         with `resume_allow_changes` each change is a warning instead (see `grpokit.checkpoints`)."""
-        checkpoint = checkpoints.resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        if checkpoint is not None:
-            changes = checkpoints.resume_changes(checkpoint, checkpoints.trainer_run_record(self))
-            if changes and not self.args.resume_allow_changes:
-                raise checkpoints.ResumeError(checkpoints.refusal(checkpoint, changes))
-            if changes and self.accelerator.is_main_process:
-                logger.warning(
-                    "warning: resuming from %s with changed settings (resume_allow_changes): %s",
-                    checkpoint,
-                    "; ".join(changes),
-                )
+        checkpoint = checkpoints.trainer_resume_checkpoint(self, resume_from_checkpoint)
         return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None):
@@ -712,88 +502,25 @@ class GRPOTrainer(Trainer):
         holding NaN or inf. Each process checks the weights it holds; when they are sharded (FSDP, DeepSpeed), where
         saving is collective anyway, the processes sum their counts so that all refuse together. Replicated weights
         (DDP) need no collective: save_model may then be called on the main process alone, as many scripts do."""
-        bad = nonfinite_tensors(self.accelerator.unwrap_model(self.model))
-        total = len(bad)
-        if self._dist.num_processes > 1 and (self.is_fsdp_enabled or self.is_deepspeed_enabled):
-            total = int(self._dist.sum(torch.tensor(float(total), device=self.accelerator.device)).item())
-        if total:
-            raise NonFiniteWeightsError(output_dir or self.args.output_dir, bad, total)
+        sharded = self._dist.num_processes > 1 and (self.is_fsdp_enabled or self.is_deepspeed_enabled)
+        refuse_nonfinite_weights(
+            self.accelerator.unwrap_model(self.model),
+            output_dir or self.args.output_dir,
+            sum_over_processes=self._dist.sum if sharded else None,
+            device=self.accelerator.device,
+        )
         super().save_model(output_dir, _internal_call)
 
     @checkpoints.atomic_checkpoint  # written as tmp-checkpoint-N/checkpoint-N, renamed to checkpoint-N once complete
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        self._save_grpo_state(folder)
-
-    def _save_grpo_state(self, folder: str) -> None:
-        """What a checkpoint needs beyond the Trainer's own files to resume exactly, written into `folder` (the
-        checkpoint being written): the entropy coefficient (main process) and, from every process, its generation
-        round (`grpokit_round_rank<i>.pt`): the micro-step count, the buffered micro-batches when the checkpoint falls
-        inside a round (they were generated with older weights; generating them again would not give the same), and
-        the metrics and completions not logged yet. The Trainer's RNG states continue the sampling from there."""
-        if self._entropy_control.adaptive and self.args.should_save:
-            with open(os.path.join(folder, _ENTROPY_STATE_FILE), "w") as f:
-                json.dump(self._entropy_control.state_dict(), f)
-        if self.args.save_only_model:  # no optimizer or RNG states either: such a checkpoint cannot be resumed
-            return
-        generate_every = self.args.steps_per_generation * self.args.num_iterations
-        inside_round = self._buffered_inputs is not None and self._step % generate_every != 0
-        state = {
-            "step": self._step,
-            "global_step": self.state.global_step,
-            "buffered_inputs": self._buffered_inputs if inside_round else None,
-            # python values as JSON text, so that the file loads with torch.load(weights_only=True)
-            "logged": json.dumps(
-                {
-                    "metrics": self._metrics["train"],
-                    "step_time": self._step_time,
-                    "completions": self._completion_log.state_dict(),
-                },
-                default=str,
-            ),
-        }
-        os.makedirs(folder, exist_ok=True)  # a process can get here before the main one made the folder
-        torch.save(state, os.path.join(folder, _ROUND_STATE_FILE.format(rank=self.args.process_index)))
+        checkpoints.save_round_state(self, folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            self._load_grpo_state(checkpoint)
-
-    def _load_grpo_state(self, checkpoint: str) -> None:
-        """Restore what `_save_grpo_state` wrote (called once the Trainer state of `checkpoint` is loaded)."""
-        path = os.path.join(checkpoint, _ENTROPY_STATE_FILE)
-        if self._entropy_control.adaptive and os.path.exists(path):
-            with open(path) as f:
-                self._entropy_control.load_state_dict(json.load(f))
-        path = os.path.join(checkpoint, _ROUND_STATE_FILE.format(rank=self.args.process_index))
-        generate_every = self.args.steps_per_generation * self.args.num_iterations
-        state = None
-        if os.path.isfile(path):
-            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
-        buffered = state["buffered_inputs"] if state is not None else None
-        if (
-            state is None
-            or state["global_step"] != self.state.global_step
-            or (buffered is not None and len(buffered) != self.args.steps_per_generation)
-        ):
-            # A checkpoint without it (older grpokit) or not matching: the micro-step count follows from the step.
-            self._step = self.state.global_step * self.args.gradient_accumulation_steps
-            self._buffered_inputs = None
-            if self._step % generate_every:
-                logger.warning(
-                    "%s has no saved generation round for process %d: the round it falls in is generated again "
-                    "with the current weights, so the run continues but not exactly as it would have",
-                    checkpoint,
-                    self.args.process_index,
-                )
-            return
-        self._step, self._buffered_inputs = state["step"], buffered
-        logged = json.loads(state["logged"])
-        self._metrics["train"] = defaultdict(list, logged["metrics"])
-        self._step_time = logged["step_time"]
-        self._completion_log.load_state_dict(logged["completions"])
+            checkpoints.load_round_state(self, checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -848,11 +575,8 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
             f"reward_weights={args.reward_weights!r}: {len(args.reward_weights)} weights for {len(reward_funcs)} "
             "reward functions; give one weight per reward function"
         )
-    if args.sync_ref_model and args.beta == 0.0:
-        problems.append(
-            "sync_ref_model=True: beta=0.0 means no reference model, so there is nothing to synchronise; set beta > "
-            "0 or sync_ref_model=False"
-        )
+    # The rule GRPOConfig checks when it is built, again for fields assigned after construction.
+    problems += [problem.line() for problem in reference_problems(vars(args))]
     if is_datasets_available():
         import datasets
 

@@ -62,7 +62,7 @@ def test_every_start_problem_is_listed_at_once(make_args, dataset):
         "use_transformers_continuous_batching=True: transformers continuous batching is not supported yet" in message
     )
     assert "reward_weights=[1.0, 2.0]: 2 weights for 1 reward functions" in message
-    assert "sync_ref_model=True: beta=0.0 means no reference model" in message
+    assert "sync_ref_model=True: needs a reference model, and beta=0 loads none" in message
 
 
 def test_trl_only_constructor_arguments_are_refused(make_args, dataset):

@@ -16,16 +16,20 @@ from .importance_sampling import (
     vllm_sampling_metrics,
 )
 from .kl import kl_k3
+from .loss_settings import LossSettings
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     LOSSES,
+    PolicyLoss,
+    RatioTerms,
     cispo_clip_fraction,
     clip_fractions,
     entropy_from_logits,
     importance_ratio,
     masked_mean,
     policy_loss,
+    ratio_terms,
     vespo_weights,
 )
 from .masks import entropy_mask, off_policy_mask
@@ -34,9 +38,12 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSSES",
     "LOSS_TYPES",
+    "LossSettings",
     "MULTI_OBJECTIVE_AGGREGATIONS",
     "SCALE_REWARDS",
     "VLLM_IMPORTANCE_SAMPLING_MODES",
+    "PolicyLoss",
+    "RatioTerms",
     "cispo_clip_fraction",
     "clip_fractions",
     "entropy_from_logits",
@@ -49,6 +56,7 @@ __all__ = [
     "nanstd",
     "off_policy_mask",
     "policy_loss",
+    "ratio_terms",
     "reward_metrics",
     "unscorable_rows",
     "vespo_weights",

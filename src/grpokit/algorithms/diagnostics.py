@@ -1,6 +1,7 @@
 """What TRL 1.16 logs about a policy-loss step, per loss type: clipping fractions, CISPO's capped fraction, VESPO's
 weights, and the KL to the reference.
 
+The diagnostics read the ratio and the KL term the loss computed (`losses.RatioTerms`), not fresh copies of them.
 Each diagnostic is returned *unreduced* with the name of its reduction, because the trainer reduces across
 processes: `MEAN` is the mean over active tokens (or over sequences for `(B, 1)` values), `SEQ_MIN` / `SEQ_MAX` the
 min / max over sequences of the per-sequence mean.
@@ -13,20 +14,20 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .kl import kl_k3
-from .losses import importance_ratio, vespo_weights
+from .loss_settings import LossSettings
+from .losses import RatioTerms, ratio_terms, vespo_parameters, vespo_weights
 
 MEAN, SEQ_MIN, SEQ_MAX = "mean", "seq_min", "seq_max"
 
 Diagnostics = dict[str, tuple[Tensor, str]]
 
 
-def _clip(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, p: dict) -> Diagnostics:
+def _clip(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, settings: LossSettings) -> Diagnostics:
     # Clipped where the clip removes the gradient: below 1 - eps_low with A < 0, above 1 + eps_high with A > 0.
-    if p["delta"] is not None:
-        ratio = ratio.clamp(max=p["delta"])
-    low = ((ratio < 1 - p["epsilon_low"]) & (advantages < 0)).float()
-    high = ((ratio > 1 + p["epsilon_high"]) & (advantages > 0)).float()
+    if settings.delta is not None:
+        ratio = ratio.clamp(max=settings.delta)
+    low = ((ratio < 1 - settings.epsilon_low) & (advantages < 0)).float()
+    high = ((ratio > 1 + settings.epsilon_high) & (advantages > 0)).float()
     return {
         "clip_ratio/low_mean": (low, MEAN),
         "clip_ratio/low_min": (low, SEQ_MIN),
@@ -36,24 +37,18 @@ def _clip(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, p:
     }
 
 
-def _cispo(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, p: dict) -> Diagnostics:
-    return {"cispo_clip_ratio": (((ratio > p["epsilon_high"]) & (advantages > 0)).float(), MEAN)}
+def _cispo(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, settings: LossSettings) -> Diagnostics:
+    return {"cispo_clip_ratio": (((ratio > settings.epsilon_high) & (advantages > 0)).float(), MEAN)}
 
 
-def _vespo(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, p: dict) -> Diagnostics:
-    phi = vespo_weights(
-        advantages,
-        log_ratio,
-        mask,
-        k_pos=p["vespo_k_pos"],
-        lambda_pos=p["vespo_lambda_pos"],
-        k_neg=p["vespo_k_neg"],
-        lambda_neg=p["vespo_lambda_neg"],
-    )
+def _vespo(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, settings: LossSettings) -> Diagnostics:
+    phi = vespo_weights(advantages, log_ratio, mask, **vespo_parameters(settings))
     return {"vespo/phi_seq_mean": (phi, MEAN)}
 
 
-def _nothing(ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, p: dict) -> Diagnostics:
+def _nothing(
+    ratio: Tensor, advantages: Tensor, log_ratio: Tensor, mask: Tensor, settings: LossSettings
+) -> Diagnostics:
     return {}
 
 
@@ -70,50 +65,45 @@ DIAGNOSTICS: dict[str, Callable[..., Diagnostics]] = {
 
 
 @torch.no_grad()
+def step_diagnostics(terms: RatioTerms, advantages: Tensor, mask: Tensor, settings: LossSettings) -> Diagnostics:
+    """The loss type's diagnostics of one step, plus `kl` (exactly the term the loss adds) when the step had one.
+
+    Args:
+        terms: the `RatioTerms` the loss computed (`policy_loss(...).terms`); read detached.
+        advantages: `(B,)` or `(B, 1)`.
+        mask: `(B, T)`.
+        settings: the `LossSettings` the loss ran with.
+
+    Returns:
+        name -> (values `(B, T)` or `(B, 1)`, reduction).
+    """
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    ratio, log_ratio = terms.ratio.detach(), terms.log_ratio.detach()
+    diagnostics = DIAGNOSTICS[settings.loss_type](ratio, advantages, log_ratio, mask, settings)
+    if terms.per_token_kl is not None:
+        diagnostics["kl"] = (terms.per_token_kl.detach(), MEAN)
+    return diagnostics
+
+
+@torch.no_grad()
 def loss_diagnostics(
     logps: Tensor,
     old_logps: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
     *,
-    loss_type: str,
-    importance_sampling_level: str = "token",
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    delta: float | None = None,
     ref_logps: Tensor | None = None,
-    use_bias_correction_kl: bool = True,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
+    **loss_settings,
 ) -> Diagnostics:
-    """The loss type's diagnostics, plus `kl` (k3, times the ratio when `use_bias_correction_kl`, exactly the term
-    the loss adds) when `ref_logps` is given.
+    """`step_diagnostics` of a batch whose loss was not computed: the ratio and, when `ref_logps` is given, the KL
+    term (k3, times the ratio when `use_bias_correction_kl`) are computed here. `loss_settings` are the fields of
+    `LossSettings` (`loss_type` required).
 
     Args:
         logps, old_logps, ref_logps: `(B, T)`; `old_logps` None means on-policy.
         advantages: `(B,)`.
         mask: `(B, T)`.
-
-    Returns:
-        name -> (values `(B, T)` or `(B, 1)`, reduction).
     """
-    logps = logps.detach()
-    old_logps = logps if old_logps is None else old_logps
-    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
-    params = dict(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        delta=delta,
-        vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos,
-        vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg,
-    )
-    diagnostics = DIAGNOSTICS[loss_type](ratio, advantages, logps - old_logps, mask, params)
-    if ref_logps is not None:
-        kl = kl_k3(logps, ref_logps)
-        diagnostics["kl"] = (kl * ratio if use_bias_correction_kl else kl, MEAN)
-    return diagnostics
+    settings = LossSettings(**loss_settings)
+    terms = ratio_terms(logps.detach(), old_logps, mask, settings, ref_logps)
+    return step_diagnostics(terms, advantages, mask, settings)

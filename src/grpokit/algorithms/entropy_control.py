@@ -30,6 +30,18 @@ class EntropyCoefficient:
     coef_max: float = 1.0
     last_entropy: float = math.inf
 
+    @classmethod
+    def from_config(cls, args) -> EntropyCoefficient:
+        """The coefficient `args` (a `GRPOConfig`) sets: `entropy_coef`, `use_adaptive_entropy` and its bounds."""
+        return cls(
+            coef=args.entropy_coef,
+            adaptive=args.use_adaptive_entropy,
+            target=args.entropy_target,
+            delta=args.entropy_coef_delta,
+            coef_min=args.entropy_coef_min,
+            coef_max=args.entropy_coef_max,
+        )
+
     @property
     def enabled(self) -> bool:
         """Whether the bonus term exists at all (adaptive mode keeps it even while `coef` is at 0)."""

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .kl import kl_k3
+from .loss_settings import LossSettings
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -46,17 +47,24 @@ class _Batch(NamedTuple):
     advantages: Tensor  # (B, 1) or (B, T)
     mask: Tensor  # (B, T), float
     importance_sampling_ratio: Tensor | None  # (B, T) or (B, 1): sampler -> old policy correction
-    epsilon_low: float
-    epsilon_high: float
-    delta: float | None
-    sapo_temperature_pos: float
-    sapo_temperature_neg: float
-    vespo_k_pos: float
-    vespo_lambda_pos: float
-    vespo_k_neg: float
-    vespo_lambda_neg: float
-    max_completion_length: int
+    settings: LossSettings
+    max_completion_length: int  # settings.max_completion_length, or T when unset
     num_items_in_batch: Tensor  # scalar
+
+
+class RatioTerms(NamedTuple):
+    """The per-token terms a loss step computes besides the objective, shared with its diagnostics."""
+
+    log_ratio: Tensor  # (B, T) logps - old_logps, per token
+    ratio: Tensor  # (B, T) or (B, 1), following importance_sampling_level
+    per_token_kl: Tensor | None  # (B, T) k3 to the reference, times ratio with use_bias_correction_kl; None: no ref
+
+
+class PolicyLoss(NamedTuple):
+    """`policy_loss`'s result when given `LossSettings`: the scalar loss and the terms it was built from."""
+
+    loss: Tensor  # 0-dim
+    terms: RatioTerms
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -161,6 +169,16 @@ def vespo_weights(
     return log_phi.exp().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def vespo_parameters(settings: LossSettings) -> dict[str, float]:
+    """`vespo_weights`' keyword arguments from the loss settings."""
+    return dict(
+        k_pos=settings.vespo_k_pos,
+        lambda_pos=settings.vespo_lambda_pos,
+        k_neg=settings.vespo_k_neg,
+        lambda_neg=settings.vespo_lambda_neg,
+    )
+
+
 def _region_fraction(flags: Tensor, mask: Tensor) -> Tensor:
     # TRL's metric mean: over active tokens, or over sequences when the flags are per sequence (B, 1).
     flags = flags.float()
@@ -256,8 +274,9 @@ def clipped_objective(batch: _Batch) -> Tensor:
     With `delta` set (two-sided GRPO, INTELLECT-2), the unclipped `ratio` is first capped at `delta`, bounding the
     loss of negative-advantage tokens whose ratio has grown large. Shape follows `ratio`.
     """
-    clipped_ratio = batch.ratio.clamp(1 - batch.epsilon_low, 1 + batch.epsilon_high)
-    ratio = batch.ratio if batch.delta is None else batch.ratio.clamp(max=batch.delta)
+    settings = batch.settings
+    clipped_ratio = batch.ratio.clamp(1 - settings.epsilon_low, 1 + settings.epsilon_high)
+    ratio = batch.ratio if settings.delta is None else batch.ratio.clamp(max=settings.delta)
     per_token_loss = -torch.min(ratio * batch.advantages, clipped_ratio * batch.advantages)
     return _sampling_corrected(per_token_loss, batch)
 
@@ -269,7 +288,7 @@ def cispo_objective(batch: _Batch) -> Tensor:
     so every token keeps a REINFORCE gradient scaled by the capped weight. With the default `epsilon_high = 0.2` an
     on-policy step is scaled by 0.2 relative to grpo.
     """
-    weight = batch.ratio.clamp(max=batch.epsilon_high).detach()
+    weight = batch.ratio.clamp(max=batch.settings.epsilon_high).detach()
     return _sampling_corrected(-weight * batch.advantages * batch.logps, batch)
 
 
@@ -280,9 +299,9 @@ def sapo_objective(batch: _Batch) -> Tensor:
     At ratio 1 the gate's derivative is exactly 1, so the on-policy gradient equals grpo's; the value (-2A / tau)
     does not. Shape follows `ratio`.
     """
-    positive = batch.advantages > 0
+    positive, settings = batch.advantages > 0, batch.settings
     temperature = torch.where(
-        positive, _full(batch.ratio, batch.sapo_temperature_pos), _full(batch.ratio, batch.sapo_temperature_neg)
+        positive, _full(batch.ratio, settings.sapo_temperature_pos), _full(batch.ratio, settings.sapo_temperature_neg)
     )
     gate = torch.sigmoid(temperature * (batch.ratio - 1)) * 4 / temperature
     return _sampling_corrected(-gate * batch.advantages, batch)
@@ -299,10 +318,7 @@ def vespo_objective(batch: _Batch) -> Tensor:
         batch.log_ratio,
         batch.mask,
         batch.importance_sampling_ratio,
-        k_pos=batch.vespo_k_pos,
-        lambda_pos=batch.vespo_lambda_pos,
-        k_neg=batch.vespo_k_neg,
-        lambda_neg=batch.vespo_lambda_neg,
+        **vespo_parameters(batch.settings),
     )
     return -phi * batch.advantages * batch.logps
 
@@ -354,56 +370,71 @@ LOSSES: dict[str, tuple[Objective, Reduction]] = {
 LOSS_TYPES: tuple[str, ...] = tuple(LOSSES)
 
 
+def ratio_terms(
+    logps: Tensor, old_logps: Tensor | None, mask: Tensor, settings: LossSettings, ref_logps: Tensor | None = None
+) -> RatioTerms:
+    """The importance ratio and, when `ref_logps` is given, the KL term of one micro-batch: what `policy_loss`
+    computes besides the objective, for diagnostics of a batch whose loss was not computed. Gradients flow through
+    `logps` (detach it for metrics only).
+
+    Args:
+        logps: `(B, T)`; old_logps: `(B, T)` or None for on-policy (`logps.detach()`); mask: `(B, T)`.
+        ref_logps: `(B, T)` reference log-probabilities, or None for no KL term.
+    """
+    log_ratio, ratio = _log_ratio_and_ratio(logps, old_logps, mask, settings)
+    per_token_kl = None if ref_logps is None else kl_term(logps, ref_logps, ratio, settings)
+    return RatioTerms(log_ratio=log_ratio, ratio=ratio, per_token_kl=per_token_kl)
+
+
+def _log_ratio_and_ratio(logps, old_logps, mask, settings: LossSettings) -> tuple[Tensor, Tensor]:
+    if old_logps is None:
+        old_logps = logps.detach()
+    ratio = importance_ratio(logps, old_logps, mask, settings.importance_sampling_level)
+    return logps - old_logps, ratio
+
+
+def kl_term(logps: Tensor, ref_logps: Tensor, ratio: Tensor, settings: LossSettings) -> Tensor:
+    """`(B, T)` k3 estimate of KL(policy || reference), times `ratio` with `use_bias_correction_kl` (TRL's default;
+    it changes the KL gradient even on-policy, where `ratio == 1` in value but carries the gradient of `logps`)."""
+    per_token_kl = kl_k3(logps, ref_logps)
+    return per_token_kl * ratio if settings.use_bias_correction_kl else per_token_kl
+
+
 def policy_loss(
     logps: Tensor,
     old_logps: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
+    settings: LossSettings | None = None,
     *,
-    loss_type: str,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
     ref_logps: Tensor | None = None,
-    beta: float = 0.0,
-    max_completion_length: int | None = None,
     num_items_in_batch: Tensor | float | None = None,
-    use_bias_correction_kl: bool = True,
     importance_sampling_ratio: Tensor | None = None,
     off_policy_mask: Tensor | None = None,
     entropy_mask: Tensor | None = None,
-) -> Tensor:
+    **loss_settings,
+) -> PolicyLoss | Tensor:
     """Scalar policy loss of one micro-batch, equal in value and gradient to TRL 1.16's `GRPOTrainer._compute_loss`
     before its division by the number of gradient-accumulation steps.
 
     Steps: `ratio` from `importance_ratio`; `per_token_loss` from the loss type's objective; multiplied by
-    `off_policy_mask` and `entropy_mask` if given; plus `beta * kl_k3(logps, ref_logps)` (times `ratio` when
+    `off_policy_mask` and `entropy_mask` if given; plus `beta * per_token_kl` (k3, times `ratio` when
     `use_bias_correction_kl`) if `beta != 0`; reduced by the loss type's reduction over `mask`. The masks only silence
     the policy term: the KL term and the reduction's denominator still use `mask`, as in TRL.
+
+    Two ways to call it: with `settings` (a `LossSettings`, as the trainer does) it returns a `PolicyLoss`, the loss
+    and the `RatioTerms` the diagnostics reuse; with the fields of `LossSettings` as keywords instead
+    (`loss_type="grpo", beta=0.04, ...`) it returns the loss alone.
 
     Args:
         logps: `(B, T)` log-probabilities of the sampled tokens under the policy being trained (requires grad).
         old_logps: `(B, T)` under the rollout policy; None means on-policy (`logps.detach()`).
         advantages: `(B,)` (or `(B, T)`).
         mask: `(B, T)` 1 for completion tokens that count, 0 for padding (and tool output).
-        loss_type: one of `LOSS_TYPES`.
-        epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`; cispo caps its weight at
-            `epsilon_high` itself.
-        delta: cap on the unclipped ratio for the PPO-clip losses (two-sided GRPO); None disables it.
-        importance_sampling_level: `"token"` or `"sequence"` (GSPO). vespo always uses token log-ratios for its
-            weight; `ratio` then only matters for the KL bias correction.
-        sapo_temperature_pos, sapo_temperature_neg: SAPO gate temperatures for A > 0 / A <= 0.
-        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: VESPO gamma parameters for A >= 0 / A < 0.
+        settings: the loss knobs (see `LossSettings`): loss type, clip range, delta, importance-sampling level, SAPO
+            and VESPO parameters, beta, KL bias correction, dr_grpo's max_completion_length (default T). vespo always
+            uses token log-ratios for its weight; `ratio` then only matters for the KL bias correction.
         ref_logps: `(B, T)` reference-model log-probabilities; required when `beta != 0`.
-        beta: KL coefficient.
-        max_completion_length: dr_grpo's constant denominator per sequence (default T).
         num_items_in_batch: denominator of dapo, cispo and vespo (default: active tokens in this micro-batch,
             `mask.sum()`). TRL divides the summed loss by `N / num_processes * grad_accum_steps / steps_per_generation`
             where N is the number of active tokens (completion mask times tool mask) of the whole generation batch
@@ -411,63 +442,69 @@ def policy_loss(
             `N / (num_processes * steps_per_generation)` in training (the mean active-token count per micro-batch per
             process over the generation batch) and `N / num_processes` in evaluation (TRL neither splits nor
             accumulates there).
-        use_bias_correction_kl: multiply the KL term by `ratio` (TRL's default, True). This changes the KL gradient
-            even on-policy, where `ratio == 1` in value but carries the gradient of `logps`.
         importance_sampling_ratio: optional `(B, T)` or `(B, 1)` pi_old / pi_sampler correction (vLLM). Multiplies the
             policy term, except for vespo, which folds it into its weight (then it must be per token).
         off_policy_mask: optional `(B, 1)` keep-mask from `masks.off_policy_mask`.
         entropy_mask: optional `(B, T)` keep-mask from `masks.entropy_mask`.
+        **loss_settings: the fields of `LossSettings`, when `settings` is not given.
 
     Returns:
-        0-dim tensor.
+        `PolicyLoss` with `settings`; else the 0-dim loss.
     """
-    if loss_type not in LOSSES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    objective, reduction = LOSSES[loss_type]
+    if settings is None:
+        settings = LossSettings(**loss_settings)
+        return policy_loss(
+            logps,
+            old_logps,
+            advantages,
+            mask,
+            settings,
+            ref_logps=ref_logps,
+            num_items_in_batch=num_items_in_batch,
+            importance_sampling_ratio=importance_sampling_ratio,
+            off_policy_mask=off_policy_mask,
+            entropy_mask=entropy_mask,
+        ).loss
+    if loss_settings:
+        raise TypeError(f"policy_loss: pass either settings or its fields, not both ({', '.join(loss_settings)})")
+    if settings.loss_type not in LOSSES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {settings.loss_type!r}")
+    if settings.beta != 0.0 and ref_logps is None:
+        raise ValueError("beta != 0 needs ref_logps")
+    objective, reduction = LOSSES[settings.loss_type]
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     mask = mask.to(logps.dtype)
-    if old_logps is None:
-        old_logps = logps.detach()
-    ratio = importance_ratio(logps, old_logps, mask, importance_sampling_level)
-
-    if num_items_in_batch is None:
-        num_items_in_batch = mask.sum().clamp(min=1.0)
-    else:
-        # Only guards an all-masked global batch (0 / 0); any real count is used as given.
-        num_items_in_batch = torch.as_tensor(num_items_in_batch, dtype=logps.dtype, device=logps.device)
-        num_items_in_batch = num_items_in_batch.clamp(min=torch.finfo(logps.dtype).tiny)
-
+    log_ratio, ratio = _log_ratio_and_ratio(logps, old_logps, mask, settings)
     batch = _Batch(
         logps=logps,
-        log_ratio=logps - old_logps,
+        log_ratio=log_ratio,
         ratio=ratio,
         advantages=advantages,
         mask=mask,
         importance_sampling_ratio=importance_sampling_ratio,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        delta=delta,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-        vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos,
-        vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg,
-        max_completion_length=mask.size(1) if max_completion_length is None else max_completion_length,
-        num_items_in_batch=num_items_in_batch,
+        settings=settings,
+        max_completion_length=mask.size(1)
+        if settings.max_completion_length is None
+        else settings.max_completion_length,
+        num_items_in_batch=_num_items(num_items_in_batch, mask, logps),
     )
-
     per_token_loss = objective(batch)
     if off_policy_mask is not None:
         per_token_loss = per_token_loss * off_policy_mask
     if entropy_mask is not None:
         per_token_loss = per_token_loss * entropy_mask
-    if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta != 0 needs ref_logps")
-        per_token_kl = kl_k3(logps, ref_logps)
-        if use_bias_correction_kl:
-            per_token_kl = per_token_kl * ratio
-        per_token_loss = per_token_loss + beta * per_token_kl
-    return reduction(per_token_loss, batch)
+    per_token_kl = None
+    if settings.beta != 0.0:  # the KL term only where it enters the loss (the caller passes ref_logps only then)
+        per_token_kl = kl_term(logps, ref_logps, ratio, settings)
+        per_token_loss = per_token_loss + settings.beta * per_token_kl
+    terms = RatioTerms(log_ratio=log_ratio, ratio=ratio, per_token_kl=per_token_kl)
+    return PolicyLoss(loss=reduction(per_token_loss, batch), terms=terms)
+
+
+def _num_items(num_items_in_batch: Tensor | float | None, mask: Tensor, logps: Tensor) -> Tensor:
+    if num_items_in_batch is None:
+        return mask.sum().clamp(min=1.0)
+    # Only guards an all-masked global batch (0 / 0); any real count is used as given.
+    num_items_in_batch = torch.as_tensor(num_items_in_batch, dtype=logps.dtype, device=logps.device)
+    return num_items_in_batch.clamp(min=torch.finfo(logps.dtype).tiny)

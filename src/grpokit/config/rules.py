@@ -282,18 +282,25 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
         problems.append(
             Problem("log_completions_hub_repo", "needs log_completions: true", get("log_completions_hub_repo"))
         )
-    if get("sync_ref_model") and get("beta") == 0.0:
-        problems.append(
+    problems += reference_problems(values)
+    if get("load_in_8bit") and get("load_in_4bit"):
+        problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
+    return problems
+
+
+def reference_problems(values: dict[str, Any]) -> list[Problem]:
+    """The reference model's rule: sync_ref_model needs one, and beta=0 loads none. Also run by GRPOTrainer on the
+    config it is given, whose fields may have been assigned after it was built."""
+    if values.get("sync_ref_model") and values.get("beta") == 0.0:
+        return [
             Problem(
                 "sync_ref_model",
                 "needs a reference model, and beta=0 loads none",
                 True,
                 "set beta > 0 (e.g. 0.04) or sync_ref_model: false",
             )
-        )
-    if get("load_in_8bit") and get("load_in_4bit"):
-        problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
-    return problems
+        ]
+    return []
 
 
 def _vllm_problems(values: dict[str, Any]) -> list[Problem]:

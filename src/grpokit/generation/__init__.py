@@ -5,10 +5,12 @@
 - `vllm_colocate.VLLMColocateGenerator` and `vllm_server.VLLMServerGenerator`: vLLM in the training process or in a
   `vllm serve` process. vLLM is imported only inside the `vllm_*` modules, so importing this package never loads it.
 
-`tokens.py` holds what every backend shares: prompt encoding, padding, EOS handling, decoding to text.
+`factory.build_generator` chooses and builds the backend a `GRPOConfig` asks for. `tokens.py` holds what every backend
+shares: prompt encoding, padding, EOS handling, decoding to text; `vllm_common.py` what the vLLM backends share.
 """
 
 from .base import Generated, GenerationBackend, GenerationError
+from .factory import build_generator
 from .tokens import (
     cut_after_eos,
     decode_completions,
@@ -25,6 +27,7 @@ __all__ = [
     "Generated",
     "GenerationError",
     "TransformersGenerator",
+    "build_generator",
     "cut_after_eos",
     "decode_completions",
     "encode_prompts",

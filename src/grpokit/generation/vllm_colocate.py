@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from grpokit.rollout.dist import LOCAL, Collective
+from grpokit.dist import LOCAL, Collective
 
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos

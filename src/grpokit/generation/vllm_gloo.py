@@ -52,7 +52,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .vllm_common import reprocess_tied_embeddings
+from .vllm_common import local_address_towards, reprocess_tied_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -142,16 +142,6 @@ def plan_buckets(dtypes: list[torch.dtype], shapes: list, bucket_bytes: int) -> 
 
 def _bucket_size(indices: list[int], dtypes, shapes) -> int:
     return sum(_aligned(_nbytes(dtypes[i], shapes[i])) for i in indices)
-
-
-def _local_address_towards(host: str, port: int) -> str:
-    """The address of this machine's interface that routes to `host` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((host, port))
-            return probe.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
 
 
 def _gloo_device(hostname: str):
@@ -368,7 +358,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                     rank=0,
                     world_size=init_info.world_size,
                     is_store_host=False,
-                    device_hostname=_local_address_towards(init_info.master_address, init_info.master_port),
+                    device_hostname=local_address_towards(init_info.master_address, init_info.master_port),
                     timeout_s=init_info.timeout_s,
                     gave_up=lambda: future.result() if future.done() else None,
                 )

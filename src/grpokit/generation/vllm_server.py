@@ -24,10 +24,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
-from ..rollout.dist import LOCAL, Collective
+from ..dist import LOCAL, Collective
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
-from .vllm_common import LOGPROBS_MODE, policy_weights, vllm_name
+from .vllm_common import LOGPROBS_MODE, local_address_towards, policy_weights, vllm_name
 
 SERVE_HINT = "grpokit vllm-serve MODEL"
 _DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
@@ -248,11 +248,9 @@ class VLLMServerGenerator:
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-            from .vllm_gloo import _local_address_towards
-
             # vLLM's NCCL rendezvous is hosted by the trainer (rank 0): give the workers this machine's address.
             init_info = NCCLTrainerInitInfo(
-                master_address=_local_address_towards(host, self.group_port),
+                master_address=local_address_towards(host, self.group_port),
                 master_port=self.group_port,
                 world_size=self.world_size + 1,
                 rank=0,

@@ -357,6 +357,41 @@ def column_values(rows: list[dict]) -> dict[str, list]:
 RewardCallable = Callable[..., list]
 
 
+class UnscorableRounds:
+    """Watches for rounds where every reward is None/NaN: such a round teaches nothing (its advantages are 0). The
+    first one is reported through `warn` (once; None on the processes that stay quiet); `limit` training rounds in a
+    row raise `RewardError`. Every process sees the same gathered rewards, so all agree."""
+
+    def __init__(self, limit: int | None, names: Sequence[str], warn: Callable[[str], Any] | None):
+        self.limit, self.names, self.warn = limit, names, warn
+        self.in_a_row = 0  # training rounds in a row where every reward was None/NaN
+        self.warned = False
+
+    def check(self, rollout, mode: str) -> None:
+        """Count `rollout` (a `Rollout` of `mode`, "train" or "eval"), warn or stop as the class says."""
+        if not rollout.unscorable:
+            if mode == "train":
+                self.in_a_row = 0
+            return
+        names = ", ".join(map(repr, self.names))
+        if not self.warned and self.warn is not None:
+            self.warn(
+                f"every reward was None/NaN in this round ({names} scored none of {len(rollout.completions)} "
+                "completions): nothing to learn from it, its advantages are 0 and its reward metrics NaN; warned once"
+            )
+        self.warned = True
+        if mode != "train":
+            return
+        self.in_a_row += 1
+        if self.limit is not None and self.in_a_row >= self.limit:
+            raise RewardError(
+                f"every reward was None/NaN in {self.in_a_row} generation rounds in a row "
+                f"(max_unscorable_rounds={self.limit}): nothing to learn from; {names} scored none of the "
+                f"{len(rollout.completions)} completions of the last round, which starts with "
+                + _sample(rollout.prompts, rollout.completions, 0)
+            )
+
+
 def build_reward_functions(
     reward_funcs: Sequence[Any],
     processing_classes: Sequence[Any] | None = None,

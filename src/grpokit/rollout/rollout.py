@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from grpokit.algorithms import group_advantages, reward_metrics, vllm_importance_weights, vllm_sampling_metrics
+from grpokit.dist import LOCAL, Collective
 from grpokit.generation import (
     GenerationBackend,
     decode_completions,
@@ -23,7 +24,6 @@ from grpokit.generation import (
     pad,
 )
 
-from .dist import LOCAL, Collective
 from .rewards import RewardError, RewardFunctions, column_values
 
 # (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
@@ -45,7 +45,7 @@ ROW_FIELDS = (
 
 @dataclass
 class RolloutSettings:
-    """What shapes a rollout, besides its collaborators (the trainer fills it from `GRPOConfig`)."""
+    """What shapes a rollout, besides its collaborators (`from_config` fills it from a `GRPOConfig`)."""
 
     num_generations: int
     max_prompt_length: int | None = None
@@ -59,6 +59,29 @@ class RolloutSettings:
     importance_sampling_mode: str | None = None
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = None
+
+    @classmethod
+    def from_config(cls, args, num_generations: int) -> RolloutSettings:
+        """The settings of `args` (a `GRPOConfig`) for rounds of `num_generations` completions per prompt (training
+        and evaluation may differ). The importance-sampling correction is on only with vLLM, as in TRL."""
+        correction = {}
+        if args.use_vllm and args.vllm_importance_sampling_correction:
+            correction = dict(
+                importance_sampling_mode=args.vllm_importance_sampling_mode,
+                importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
+                importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+            )
+        return cls(
+            num_generations=num_generations,
+            max_prompt_length=args.max_prompt_length,
+            chat_template_kwargs=dict(args.chat_template_kwargs or {}),
+            mask_truncated_completions=args.mask_truncated_completions,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+            scale_rewards=args.scale_rewards,
+            reward_weights=args.reward_weights,
+            multi_objective_aggregation=args.multi_objective_aggregation,
+            **correction,
+        )
 
 
 @dataclass

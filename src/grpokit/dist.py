@@ -1,4 +1,4 @@
-"""The few cross-process operations a rollout needs, behind one small interface.
+"""The few cross-process operations a rollout and a generation backend need, behind one small interface.
 
 `LOCAL` (one process, every operation the identity) lets rollouts run and be tested without a Trainer or an
 Accelerator; `AcceleratorCollective` wraps an `accelerate.Accelerator` for multi-process training.

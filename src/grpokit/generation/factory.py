@@ -1,0 +1,116 @@
+"""The one place a generation backend is chosen and built from a `GRPOConfig`: transformers' `generate` by default,
+vLLM in the training process (`vllm_mode="colocate"`) or in a `vllm serve` process (`vllm_mode="server"`) with
+`use_vllm`. It imports the backends; they import only what is below them (`base`, `tokens`, `vllm_common`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+import torch
+
+from grpokit.dist import LOCAL, Collective
+
+from .base import GenerationBackend
+from .transformers_backend import TransformersGenerator
+from .vllm_common import sampling_kwargs
+
+
+def build_generator(
+    args,
+    *,
+    policy: Callable[[], AbstractContextManager],
+    model_path: str | None,
+    dtype: torch.dtype,
+    tokenizer,
+    eos_token_ids: Sequence[int],
+    device: torch.device | str | None = None,
+    dist: Collective = LOCAL,
+) -> GenerationBackend:
+    """The backend `args` asks for.
+
+    Args:
+        args: a `GRPOConfig`.
+        policy: a callable returning a context manager that yields the bare policy (transformers generates with it).
+        model_path: the policy's checkpoint; vLLM starts its engine from it, and the server must serve it.
+        dtype: the policy's dtype (the colocated engine loads the weights in it).
+        tokenizer: the policy's tokenizer (pad and bos ids).
+        eos_token_ids: every id that ends a completion.
+        device: where prompts go for transformers' `generate`.
+        dist: the cross-process operations (vLLM gathers prompts across its tensor-parallel group).
+    """
+    if not args.use_vllm:
+        return _transformers_generator(args, policy, tokenizer, eos_token_ids, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if args.vllm_mode == "server":
+        return _server_generator(args, model_path, eos_token_ids, dist)
+    return _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist)
+
+
+def _transformers_generator(args, policy, tokenizer, eos_token_ids, device) -> TransformersGenerator:
+    from transformers import GenerationConfig
+
+    generation_kwargs = {
+        "max_new_tokens": args.max_completion_length,
+        "do_sample": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": eos_token_ids,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "cache_implementation": args.cache_implementation,
+        **(args.generation_kwargs or {}),  # they win over the fields above, as in TRL
+    }
+    return TransformersGenerator(
+        policy,
+        GenerationConfig(**generation_kwargs, disable_compile=True),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=eos_token_ids,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+        device=device,
+    )
+
+
+def _server_generator(args, model_path, eos_token_ids, dist) -> GenerationBackend:
+    from .vllm_server import VLLMServerGenerator
+
+    return VLLMServerGenerator(
+        base_url=args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}",
+        timeout=args.vllm_server_timeout,
+        group_port=args.vllm_group_port,
+        sampling=sampling_kwargs(args, n=args.num_generations),
+        num_generations=args.num_generations,
+        eos_token_ids=eos_token_ids,
+        model_name=model_path,
+        dist=dist,
+    )
+
+
+def _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist) -> GenerationBackend:
+    from .vllm_colocate import VLLMColocateGenerator
+
+    if not model_path:
+        raise ValueError(
+            "use_vllm with vllm_mode='colocate' needs the policy's checkpoint path for vLLM to start from; pass "
+            "the model as a path, or a model whose name_or_path is one"
+        )
+    tp = args.vllm_tensor_parallel_size
+    rows = max(args.per_device_train_batch_size * args.steps_per_generation, args.per_device_eval_batch_size)
+    return VLLMColocateGenerator(
+        model_path=model_path,
+        sampling=sampling_kwargs(args, n=1),
+        eos_token_ids=eos_token_ids,
+        dtype=dtype_name,
+        tensor_parallel_size=tp,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_length=args.vllm_max_model_length,
+        model_impl=args.vllm_model_impl,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        max_num_seqs=rows * tp,  # a round's rows of the whole tensor-parallel group
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+        dist=dist,
+    )
