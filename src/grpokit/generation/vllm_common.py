@@ -5,6 +5,7 @@ level, nor either backend (`factory.py` chooses between them).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import socket
 from collections.abc import Iterator
@@ -158,3 +159,30 @@ def local_address_towards(host: str, port: int) -> str:
             return probe.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def hosted_store(host: str, port: int, timeout: datetime.timedelta):
+    """A `TCPStore` served on the interface of `host` only. torch's store server listens on every interface whatever
+    host it is given (the name is for its clients); a socket bound here and handed over (`master_listen_fd`, owned by
+    the store from then on) keeps it to the interface asked for: 127.0.0.1 stays local."""
+    import torch.distributed as tdist
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    return tdist.TCPStore(
+        host,
+        listener.getsockname()[1],
+        None,
+        True,
+        timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+        use_libuv=True,
+    )

@@ -52,7 +52,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .vllm_common import local_address_towards, reprocess_tied_embeddings
+from .vllm_common import hosted_store, local_address_towards, reprocess_tied_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class GlooGroup:
         self.rank = rank
         self.world_size = world_size
         if is_store_host:
-            self.store = tdist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+            self.store = hosted_store(host, port, timeout)
         else:
             self.store = _connect_store(host, port, timeout_s, gave_up)
             self.store.set_timeout(timeout)
