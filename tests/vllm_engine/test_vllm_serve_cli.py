@@ -72,3 +72,44 @@ def test_help_says_it_binds_localhost(capsys):
         assert exc.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "127.0.0.1" in out and "rewrite the model's weights" in out
+
+
+def _hide_vllm(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+
+
+def test_beyond_loopback_without_a_token_is_refused(monkeypatch, capsys):
+    monkeypatch.delenv("GRPOKIT_VLLM_TOKEN", raising=False)
+    assert cli.main(["vllm-serve", "some/model", "--host", "0.0.0.0"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line.startswith("error: vllm-serve: --host 0.0.0.0 listens beyond loopback") and "GRPOKIT_VLLM_TOKEN" in line
+    )
+
+
+def test_beyond_loopback_with_a_token_warns_once(monkeypatch, capsys, tmp_path):
+    _hide_vllm(monkeypatch)  # stops right after the checks instead of starting vLLM
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    assert cli.main(["vllm-serve", "m", "--host", "10.1.2.3", "--token-file", str(token_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "warning: vllm-serve listens beyond loopback (10.1.2.3:8000); every route requires the token"
+    assert "pip install" in err[1] and "s3cret" not in "\n".join(err)
+
+
+def test_a_missing_token_file_is_one_line(monkeypatch, capsys, tmp_path):
+    assert cli.main(["vllm-serve", "m", "--host", "0.0.0.0", "--token-file", str(tmp_path / "none")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"error: vllm-serve: --token-file {tmp_path / 'none'}: No such file or directory"
+
+
+def test_a_token_puts_every_route_behind_it(monkeypatch):
+    monkeypatch.setenv("GRPOKIT_VLLM_TOKEN", "from-env")
+    cmd, env = _command(["m", "--enforce-eager"], monkeypatch)
+    assert _value(cmd, "--middleware") == "grpokit.generation.vllm_auth.RequireToken"
+    assert env["GRPOKIT_VLLM_TOKEN"] == "from-env" and "from-env" not in cmd  # never on the command line
+    assert cmd[-1] == "--enforce-eager"
+    monkeypatch.delenv("GRPOKIT_VLLM_TOKEN")
+    cmd, env = _command(["m"], monkeypatch)
+    assert "--middleware" not in cmd and "GRPOKIT_VLLM_TOKEN" not in env  # loopback without a token: as before

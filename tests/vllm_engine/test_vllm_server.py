@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
@@ -72,8 +73,25 @@ def model_dir(demo_dir):
     return prepare_demo(demo_dir)[0]
 
 
+# The server of this module requires a token on every route (`grpokit vllm-serve` with GRPOKIT_VLLM_TOKEN set): the
+# trainer-side code under test, run in this process and in the `grpokit train` subprocesses, sends it from the same
+# variable.
+TOKEN = "test-token-7f3a"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def token():
+    previous = os.environ.get("GRPOKIT_VLLM_TOKEN")
+    os.environ["GRPOKIT_VLLM_TOKEN"] = TOKEN
+    yield TOKEN
+    if previous is None:
+        del os.environ["GRPOKIT_VLLM_TOKEN"]
+    else:
+        os.environ["GRPOKIT_VLLM_TOKEN"] = previous
+
+
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(model_dir, tmp_path_factory, token):
     """`grpokit vllm-serve` on a free port; stopped (terminate, then kill, the whole process group) at the end."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "vllm.log"
@@ -102,7 +120,8 @@ def server(model_dir, tmp_path_factory):
             if time.monotonic() - start > START_TIMEOUT_S:
                 pytest.fail(f"grpokit vllm-serve not healthy after {START_TIMEOUT_S}s:\n{_tail(log_path)}")
             try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                health = urllib.request.Request(url + "/health", headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(health, timeout=2) as r:
                     if r.status == 200:
                         break
             except OSError:
@@ -294,6 +313,20 @@ def test_sync_weights_updates_server(server, tokenizer, model_dir, prompt_ids):
     _assert_matches(_generator(server, tokenizer, model_dir).generate(_repeat(prompt_ids)), before)
     assert all(t is not None and t > 0 for t in times)
     print(f"\npush times: first (with group init) {times[0]:.3f}s, second {times[1]:.3f}s")
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/update_weights")],
+)
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong"])
+def test_every_route_needs_the_token(server, method, path, authorization):
+    headers = {"Content-Type": "application/json", **({"Authorization": authorization} if authorization else {})}
+    request = urllib.request.Request(server.url + path, data=b"{}" if method == "POST" else None, headers=headers)
+    request.method = method
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 401
 
 
 def test_unreachable_server_is_one_line():

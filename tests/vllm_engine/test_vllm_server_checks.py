@@ -18,6 +18,7 @@ class FakeServer:
     def __init__(self, *, dev_mode=True, backend="gloo", logprobs_mode="processed_logprobs"):
         self.dev_mode, self.backend, self.logprobs_mode = dev_mode, backend, logprobs_mode
         self.requests: list[dict] = []
+        self.authorizations: list[str | None] = []  # the Authorization header of every request, in order
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +34,7 @@ class FakeServer:
                 self.wfile.write(body)
 
             def do_GET(self):  # noqa: N802
+                fake.authorizations.append(self.headers.get("Authorization"))
                 if self.path == "/health":
                     return self._send(200, {})
                 if self.path == "/v1/models":
@@ -49,6 +51,7 @@ class FakeServer:
                 return self._send(404, {"detail": "Not Found"})
 
             def do_POST(self):  # noqa: N802
+                fake.authorizations.append(self.headers.get("Authorization"))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(body)
                 choices = []
@@ -144,3 +147,16 @@ def test_rows_not_in_groups(fake):
     with pytest.raises(ValueError, match="one prompt repeated 2 times"):
         _generator(fake.url).generate([[5], [6]])
     assert fake.requests == []
+
+
+def test_every_request_carries_the_token(fake, monkeypatch):
+    monkeypatch.setenv("GRPOKIT_VLLM_TOKEN", "s3cret")
+    _generator(fake.url).generate([[5, 6], [5, 6]])
+    assert len(fake.authorizations) >= 3  # the checks at start and the completion request
+    assert set(fake.authorizations) == {"Bearer s3cret"}
+
+
+def test_without_a_token_no_header_is_sent(fake, monkeypatch):
+    monkeypatch.delenv("GRPOKIT_VLLM_TOKEN", raising=False)
+    _generator(fake.url).generate([[5, 6], [5, 6]])
+    assert set(fake.authorizations) == {None}

@@ -23,6 +23,7 @@ import os
 import sys
 
 from grpokit.config.precision import INSTALL_HINT
+from grpokit.generation.vllm_auth import MIDDLEWARE, TOKEN_ENV, is_loopback, token_from_env
 from grpokit.generation.vllm_common import LOGPROBS_MODE
 
 PLUGIN_NAME = "grpokit_gloo_weight_transfer"
@@ -41,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; the endpoints rewrite weights)"
     )
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help=f"file holding the token every route then requires (else ${TOKEN_ENV}); needed beyond loopback. The "
+        f"trainer sends ${TOKEN_ENV}",
+    )
     parser.add_argument("--tensor-parallel-size", type=int, default=None)
     parser.add_argument("--data-parallel-size", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -86,8 +94,12 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
         cmd.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
     cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
     cmd += ["--logprobs-mode", LOGPROBS_MODE]
-    cmd += extra
     env = {"VLLM_SERVER_DEV_MODE": "1"}
+    token = _token(args)
+    if token:  # every route, the weight-update ones included, then needs it
+        cmd += ["--middleware", MIDDLEWARE]
+        env[TOKEN_ENV] = token
+    cmd += extra
     plugins = os.environ.get("VLLM_PLUGINS")
     if backend == "gloo" and plugins is not None and PLUGIN_NAME not in plugins.split(","):
         # VLLM_PLUGINS restricts which plugins vLLM loads: keep the one that registers the gloo backend.
@@ -95,15 +107,48 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
     return cmd, env
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The token from --token-file (its first line), else from the environment."""
+    if getattr(args, "token_file", None):
+        with open(args.token_file, encoding="utf-8") as fh:
+            return fh.readline().strip() or None
+    return token_from_env()
+
+
+def exposure_problem(args: argparse.Namespace) -> str | None:
+    """The reason not to start: listening beyond loopback without a token."""
+    if is_loopback(args.host) or _token(args):
+        return None
+    return (
+        f"vllm-serve: --host {args.host} listens beyond loopback, where anyone who reaches the port could rewrite the "
+        f"model's weights; set a token (${TOKEN_ENV} or --token-file FILE) and the same ${TOKEN_ENV} for the trainer"
+    )
+
+
 def main(argv: list[str]) -> int:
     args, extra = build_parser().parse_known_args(argv)
     from grpokit.config.precision import installed
+
+    try:
+        problem = exposure_problem(args)
+    except OSError as exc:
+        print(f"error: vllm-serve: --token-file {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host):
+        print(
+            f"warning: vllm-serve listens beyond loopback ({args.host}:{args.port}); every route requires the token",
+            file=sys.stderr,
+        )
 
     if not installed("vllm"):
         print(f"error: vllm-serve needs vLLM, which is not installed here ({INSTALL_HINT})", file=sys.stderr)
         return 2
     cmd, env_additions = build_command(args, extra)
-    print("grpokit vllm-serve: " + " ".join(f"{k}={v}" for k, v in env_additions.items()) + " " + _quote(cmd))
+    shown = {k: ("<redacted>" if k == TOKEN_ENV else v) for k, v in env_additions.items()}
+    print("grpokit vllm-serve: " + " ".join(f"{k}={v}" for k, v in shown.items()) + " " + _quote(cmd))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(cmd[0], cmd, {**os.environ, **env_additions})

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from ..dist import LOCAL, Collective
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
+from .vllm_auth import auth_headers
 from .vllm_common import LOGPROBS_MODE, local_address_towards, policy_weights, vllm_name
 
 SERVE_HINT = "grpokit vllm-serve MODEL"
@@ -107,7 +108,8 @@ class VLLMServerGenerator:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=min(5.0, self.timeout)) as response:
+                health = urllib.request.Request(self.base_url + "/health", headers=auth_headers())
+                with urllib.request.urlopen(health, timeout=min(5.0, self.timeout)) as response:
                     if response.status == 200:
                         return
             except (OSError, ValueError):
@@ -281,7 +283,8 @@ class VLLMServerGenerator:
         """JSON request; a one-line `VLLMServerError` on any failure (None for a 404 when `missing_ok`)."""
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **auth_headers()}  # the token of `grpokit vllm-serve`, if set
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         if timeout is None:
             timeout = max(self.timeout, 60.0) if read_timeout == -1.0 else read_timeout
         try:
