@@ -209,3 +209,39 @@ def test_unscorable_rounds_that_are_not_in_a_row_do_not_stop_the_run(train):
     code, _, err, module = train(source, reward="every_other", max_steps=3, max_unscorable_rounds=2)
     assert code == 0, err[-3000:]
     assert len(module.calls) == 3
+
+
+def test_a_reward_that_exits_is_one_line_not_a_finished_run(train):
+    code, _, err, _ = train("import sys\n\ndef reward(completions, **kwargs):\n    sys.exit(0)\n")
+    assert code == 1
+    assert errors(err)[-1] == (
+        "error: reward function 'reward' called sys.exit(0) on a batch of 4 completions; a reward returns scores and "
+        "must not end the run (no step was trained: nothing saved)"
+    )
+
+
+def test_threads_a_reward_leaves_do_not_keep_the_finished_command_alive(tmp_path, tiny_model_dir):
+    """The console command (`python -m grpokit train`) exits when the run is done, with one warning naming the
+    non-daemon thread a reward started and never joined (the interpreter would wait for it forever)."""
+    import subprocess
+
+    (tmp_path / "lingering.py").write_text(
+        "import threading\n\n"
+        "def reward(completions, **kwargs):\n"
+        "    if not any(t.name == 'lingering-worker' for t in threading.enumerate()):\n"
+        "        worker = threading.Thread(target=threading.Event().wait, name='lingering-worker', daemon=False)\n"
+        "        worker.start()\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"{i}="}) + "\n" for i in range(8)))
+    command = [sys.executable, "-m", "grpokit", "train", "--model_name_or_path", tiny_model_dir]
+    command += ["--dataset_name", str(tmp_path / "data.jsonl"), "--reward_funcs", "lingering.reward"]
+    command += ["--num_generations", "2", "--per_device_train_batch_size", "4", "--max_completion_length", "4"]
+    command += ["--max_steps", "1", "--report_to", "none", "--save_strategy", "no", "--output_dir", "run"]
+    env = {k: v for k, v in __import__("os").environ.items() if k not in LAUNCHER_ENV}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert done.stderr.strip().splitlines()[-1] == (
+        "warning: exiting without waiting for 1 thread(s) that user code left running: lingering-worker"
+    )

@@ -5,6 +5,7 @@ import math
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -360,3 +361,71 @@ def test_each_reward_gets_its_own_copy_of_its_inputs():
         [[1, 2], [3]],
         ["s1", "s2"],
     )
+
+
+@pytest.mark.parametrize(
+    "output, shown",
+    [
+        ({"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0}, "(dict)"),  # would be scored by its keys
+        ("1010", "(str)"),  # would be one reward per character
+        ({1.0, 0.0}, "(set)"),
+        (iter([1.0, 0.0, 1.0, 0.0]), "(list_iterator)"),
+        (np.ones((2, 2)), "(ndarray)"),  # 2-D: 2 rows that are not rewards
+        (torch.ones(4, 1), "(Tensor)"),
+    ],
+)
+def test_only_a_sequence_of_numbers_is_a_reward_output(output, shown):
+    def odd(completions, **kwargs):
+        return output
+
+    with pytest.raises(RewardError) as info:
+        RewardFunctions([odd])(PROMPTS, COMPLETIONS, IDS)
+    message = str(info.value)
+    assert message.startswith("reward function 'odd' returned ") and f"{shown}; expected a list of 4 floats" in message
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        (1.0, 0.0, True, None),
+        np.array([1.0, 0.0, 1.0, np.nan]),
+        torch.tensor([1.0, 0.0, 1.0, float("nan")]),
+        [np.float32(1.0), np.int64(0), torch.tensor(1.0), None],
+    ],
+)
+def test_lists_tuples_arrays_and_tensors_of_numbers_are_rewards(output):
+    def fine(completions, **kwargs):
+        return output
+
+    rewards = RewardFunctions([fine])(PROMPTS, COMPLETIONS, IDS)
+    assert rewards[:3, 0].tolist() == [1.0, 0.0, 1.0] and math.isnan(rewards[3, 0].item())
+
+
+def test_a_numeric_string_is_not_a_reward():
+    def stringly(completions, **kwargs):
+        return ["1.0", 0.0, 0.0, 0.0]
+
+    with pytest.raises(
+        RewardError, match=r"'stringly' returned '1.0' \(str\) for sample 0 .*expected a float or None"
+    ):
+        RewardFunctions([stringly])(PROMPTS, COMPLETIONS, IDS)
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_sys_exit_in_a_reward_is_one_line(timeout):
+    import sys
+
+    def quits(completions, **kwargs):
+        sys.exit(0)
+
+    async def aquits(completions, **kwargs):
+        sys.exit(3)
+
+    with pytest.raises(RewardError) as info:
+        RewardFunctions([quits], timeout=timeout)(PROMPTS, COMPLETIONS, IDS)
+    assert str(info.value) == (
+        "reward function 'quits' called sys.exit(0) on a batch of 4 completions; a reward returns scores and must "
+        "not end the run"
+    )
+    with pytest.raises(RewardError, match=r"'aquits' called sys.exit\(3\) on a batch of 4 completions"):
+        RewardFunctions([aquits], timeout=timeout)(PROMPTS, COMPLETIONS, IDS)

@@ -54,12 +54,36 @@ RUN_FLAGS = ("config", "recipe", "model_name_or_path", "dataset_name", "reward_f
 
 
 def main(argv=None) -> int:
+    """The command. Given no `argv` (the console script, `python -m grpokit`), this is the whole process: when the
+    command is done, threads that user code left running do not keep it alive (see `leave_despite_threads`)."""
     try:
-        return _main(argv)
+        code = _main(argv)
     except BrokenPipeError:  # `grpokit train --help | head`: the reader left; say nothing more
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    if argv is None:
+        leave_despite_threads(code)
+    return code
+
+
+def leave_despite_threads(code: int) -> None:
+    """Exit now with `code` if non-daemon threads are still running (a reward that started one and never joined it):
+    the interpreter would otherwise wait for them forever after the run's closing lines. One warning names them."""
+    import threading
+
+    left = [
+        t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()
+    ]
+    if not left:
+        return
+    print(
+        f"warning: exiting without waiting for {len(left)} thread(s) that user code left running: {', '.join(left)}",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _main(argv=None) -> int:

@@ -158,6 +158,8 @@ class RewardFunctions:
                     output = self._within_timeout(i, batch, functools.partial(func, **own))
                 except _RewardTimeout:
                     raise
+                except SystemExit as exit_:
+                    raise self._exit_error(i, exit_, batch) from None
                 except Exception as error:
                     raise self._locate_failure(i, error, batch, kwargs) from error
                 rewards[:, i] = self._to_column(i, output, prompts, completions)
@@ -166,6 +168,8 @@ class RewardFunctions:
             for i, output in zip(pending, outputs, strict=True):
                 if output is _TIMED_OUT:
                     raise self._timeout_error(i, batch)
+                if isinstance(output, SystemExit):
+                    raise self._exit_error(i, output, batch) from None
                 if isinstance(output, BaseException):
                     raise self._locate_failure(i, output, batch, kwargs) from output
                 rewards[:, i] = self._to_column(i, output, prompts, completions)
@@ -209,9 +213,16 @@ class RewardFunctions:
             return [None if k in finished else _TIMED_OUT for k in range(len(calls))]
 
     async def _gather_async(self, calls: list[tuple[int, dict]], finished: set[int]) -> list:
+        async def guarded(i, call_kwargs):
+            # SystemExit is caught here, inside the coroutine: escaping a Task it would stop the event loop itself.
+            try:
+                return await self.funcs[i](**call_kwargs)
+            except SystemExit as exit_:
+                return exit_
+
         async def one(k, i, call_kwargs):
             try:
-                task = asyncio.ensure_future(self.funcs[i](**call_kwargs))
+                task = asyncio.ensure_future(guarded(i, call_kwargs))
                 done, _ = await asyncio.wait({task}, timeout=self.timeout)
                 if not done:
                     task.cancel()
@@ -221,6 +232,13 @@ class RewardFunctions:
                 finished.add(k)
 
         return await asyncio.gather(*(one(k, *call) for k, call in enumerate(calls)), return_exceptions=True)
+
+    def _exit_error(self, i: int, exit_: SystemExit, batch: dict) -> RewardError:
+        """A reward that called sys.exit: the run must not end as if it had finished (or with a traceback)."""
+        return RewardError(
+            f"{self._kind(i)} {self.names[i]!r} called sys.exit({exit_.code!r}) on a batch of "
+            f"{len(batch['prompts'])} completions; a reward returns scores and must not end the run"
+        )
 
     def _timeout_error(self, i: int, batch: dict) -> RewardError:
         prompts, completions = batch["prompts"], batch["completions"]
@@ -246,13 +264,12 @@ class RewardFunctions:
 
     def _to_column(self, i: int, output: Any, prompts: list, completions: list) -> Tensor:
         name, n = self.names[i], len(prompts)
-        try:
-            values = list(output)
-        except TypeError:
+        values = _as_sequence(output)
+        if values is None:
             raise RewardError(
                 f"reward function {name!r} returned {_short(output)} ({type(output).__name__}); expected a list of "
                 f"{n} floats (or None), one per completion; the batch starts with {_sample(prompts, completions, 0)}"
-            ) from None
+            )
         if len(values) != n:
             raise RewardError(
                 f"reward function {name!r} returned {len(values)} rewards for {n} completions; expected exactly one "
@@ -263,13 +280,12 @@ class RewardFunctions:
             if value is None:
                 column[j] = math.nan
                 continue
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
+            number = _as_number(value)
+            if number is None:
                 raise RewardError(
                     f"reward function {name!r} returned {_short(value)} ({type(value).__name__}) for "
                     f"{_sample(prompts, completions, j)}; expected a float or None"
-                ) from None
+                )
             if abs(number) > _FLOAT32_MAX:  # inf, -inf, or beyond float32 (NaN, like None, is "no opinion")
                 raise RewardError(
                     f"reward function {name!r} returned {_short(value)} for {_sample(prompts, completions, j)}; "
@@ -319,6 +335,29 @@ class RewardFunctions:
         inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
         inputs = {k: v.to(model.device) for k, v in inputs.items()}
         return model(**inputs).logits[:, 0].float().cpu()  # (N,)
+
+
+def _as_sequence(output: Any) -> list | None:
+    """A reward function's output as a list of per-completion values, or None when it is not a list, a tuple, a 1-D
+    numpy array or a 1-D tensor: a dict would be scored by its keys, a string one reward per character."""
+    if isinstance(output, (list, tuple)):
+        return list(output)
+    if isinstance(output, Tensor) or type(output).__module__ == "numpy":
+        return list(output) if getattr(output, "ndim", None) == 1 else None
+    return None
+
+
+def _as_number(value: Any) -> float | None:
+    """One reward as a float: Python and numpy numbers (bools count, as in TRL's tensor conversion), 1-element
+    tensors; None for anything else (a numeric string included)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, Tensor):
+        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
+    kind = getattr(getattr(value, "dtype", None), "kind", None)  # numpy scalars: bool, int, uint, float
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and kind in ("b", "i", "u", "f"):
+        return float(value)
+    return None
 
 
 def _own_copy(batch: dict, kwargs: dict, extra_kwargs: dict) -> dict:
