@@ -256,8 +256,11 @@ def check_resume(resolution) -> list[str]:
     except ResumeError as exc:
         return exc.lines
     training_args.resume_from_checkpoint = checkpoint
-    if checkpoint is None or training_args.resume_allow_changes:
+    if checkpoint is None:
         return []
+    unreadable = checkpoint_problems(checkpoint)
+    if unreadable or training_args.resume_allow_changes:
+        return unreadable
     changes = resume_changes(
         checkpoint,
         run_record(
@@ -270,6 +273,119 @@ def check_resume(resolution) -> list[str]:
     source = resolution.sources.get("resume_from_checkpoint", "default")
     asked = f"resume_from_checkpoint={value!r}" + ("" if source == "default" else f", {source}")
     return refusal(checkpoint, changes, asked) if changes else []
+
+
+# The files of a checkpoint folder that are read when a run resumes, by how they are read.
+_TENSOR_FILES = (".pt", ".pth", ".bin")  # torch.load(weights_only=True): tensors and plain values, no other pickle
+_JSON_FILES = (".json",)
+# Written by transformers for the record (a pickled TrainingArguments) and never read when a run resumes: not checked,
+# and never unpickled.
+_NOT_READ_ON_RESUME = ("training_args.bin",)
+
+
+def file_problem(path: str) -> str | None:
+    """What is wrong with one file of a checkpoint, or None. Tensor files are opened as `torch.load(weights_only=True,
+    mmap=True)` does (no object is unpickled beyond tensors and plain values; nothing is read into memory), safetensors
+    through their header, JSON files parsed."""
+    import pickle
+
+    import torch
+
+    name = os.path.basename(path)
+    try:
+        if name.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as fh:
+                fh.keys()
+        elif name.endswith(_TENSOR_FILES):
+            from transformers.trainer_pt_utils import safe_globals  # numpy's RNG state, as the loader allows
+
+            with safe_globals():
+                try:
+                    torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                except (RuntimeError, OSError):
+                    # The legacy format cannot be mapped, and a damaged file fails mapping with a bare EINVAL: read
+                    # plainly, which says what is wrong (or loads the legacy file).
+                    torch.load(path, map_location="cpu", weights_only=True)
+        elif name.endswith(_JSON_FILES):
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if name == TRAINER_STATE_NAME and not isinstance(getattr(data, "get", lambda _: None)("global_step"), int):
+                return "has no integer global_step"
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(exc), re.I)
+        if named:  # an object the loader refuses: what a planted pickle asks for
+            return f"holds a pickled object beyond tensors and plain values (it asks for {named.group(1)}): refused"
+        detail = re.search(r"WeightsUnpickler error: (.+?)(?:\n\n|$)", str(exc), re.S)
+        what = " ".join((detail.group(1) if detail else str(exc)).split())[:200]
+        return f"cannot be read (not a tensor file: {what})"
+    except OSError as exc:
+        if name.endswith(_TENSOR_FILES) and _damaged_archive(path):  # torch says only "[Errno 22] Invalid argument"
+            return f"cannot be read (truncated or damaged: {_damaged_archive(path)})"
+        return f"cannot be read (OSError: {' '.join(str(exc).split())[:200]})"
+    except Exception as exc:  # truncated, garbage, wrong format: whatever the reader says, in one line
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        return f"cannot be read ({type(exc).__name__}: {detail})"
+    return None
+
+
+def _damaged_archive(path: str) -> str | None:
+    """Why a torch file (a zip archive) is not a whole archive, or None when it is one or is not a zip file."""
+    import zipfile
+
+    with open(path, "rb") as fh:
+        if fh.read(2) != b"PK":
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        return f"{exc}; its archive is incomplete"
+    return f"{bad} fails its checksum" if bad else None
+
+
+def checkpoint_problems(checkpoint: str) -> list[str]:
+    """Every unreadable or inconsistent file of a checkpoint folder (its top level: DeepSpeed's own folder is read
+    by DeepSpeed), one line each naming the file, plus where to resume from instead."""
+    problems = [f"{checkpoint}/{TRAINER_STATE_NAME}: missing"] if not is_complete(checkpoint) else []
+    for name in sorted(os.listdir(checkpoint)):
+        path = os.path.join(checkpoint, name)
+        if os.path.isfile(path) and name not in _NOT_READ_ON_RESUME:
+            problem = file_problem(path)
+            if problem:
+                problems.append(f"{path}: {problem}")
+    if not problems:
+        return []
+    earlier = _previous_good_checkpoint(checkpoint)
+    advice = (
+        f"resume from the previous complete checkpoint: --resume_from_checkpoint {earlier}"
+        if earlier
+        else "no earlier complete checkpoint in this folder: start without resume_from_checkpoint"
+    )
+    return [f"resume_from_checkpoint: {problem}; {advice}" for problem in problems]
+
+
+def _previous_good_checkpoint(checkpoint: str) -> str | None:
+    """The newest `checkpoint-N` beside `checkpoint`, with a smaller N, whose files all read."""
+    match = _CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(checkpoint)))
+    if not match:
+        return None
+    parent = os.path.dirname(os.path.normpath(checkpoint))
+    steps = sorted(
+        (int(m.group(1)), name)
+        for name in os.listdir(parent)
+        if (m := _CHECKPOINT_NAME.match(name)) and int(m.group(1)) < int(match.group(1))
+    )
+    for _, name in reversed(steps):
+        folder = os.path.join(parent, name)
+        if is_complete(folder) and not any(
+            file_problem(os.path.join(folder, f))
+            for f in os.listdir(folder)
+            if os.path.isfile(os.path.join(folder, f)) and f not in _NOT_READ_ON_RESUME
+        ):
+            return folder
+    return None
 
 
 def checkpoint_step(checkpoint: str | None) -> int | None:
