@@ -1,9 +1,11 @@
 """open-r1's code rewards (`code`, `binary_code`, `code_format`, `ioi_code`), run in the local sandbox.
 
 open-r1 sends the programs to remote services (E2B, MorphCloud, a router, piston workers); grpokit runs them on
-this machine with `grpokit.rewards.sandbox` (see its docstring for the limits and what they guarantee), and refuses
-the remote providers with a one-line error when the reward is built. The factories' keyword-only parameters carry
-open-r1's config field names, so a training config offers its values to them.
+this machine with `grpokit.rewards.sandbox` (see its docstring for the boundary, the limits and what they
+guarantee), and refuses the remote providers with a one-line error when the reward is built. Building `code`,
+`binary_code` or `ioi_code` also checks that the sandbox can be set up here (bubblewrap installed and able to create
+namespaces): otherwise one line says what is missing, before any model loads. The factories' keyword-only
+parameters carry open-r1's config field names, so a training config offers its values to them.
 
 How a completion is scored: the code is the last fenced block in the language (```` ```python ````) of the last
 assistant message (or of the text); a completion without one scores 0.0. Each test feeds its `input` on stdin; it
@@ -248,6 +250,7 @@ def code(
     _check_code_provider(code_provider, e2b_router_url, morph_router_url)
     workers = check_int("code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
     limits = _limits("code", timeout, memory_mb, max_output_bytes)
+    sandbox.check_boundary("code")  # last: a setting's own mistake is said first
     return _CodeReward("code", binary=False, batch_size=-1, workers=workers, limits=limits)
 
 
@@ -277,6 +280,7 @@ def binary_code(
     batch_size = _check_batch_size("binary_code", code_eval_test_batch_size)
     workers = check_int("binary_code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
     limits = _limits("binary_code", timeout, memory_mb, max_output_bytes)
+    sandbox.check_boundary("binary_code")  # last: a setting's own mistake is said first
     return _CodeReward("binary_code", binary=True, batch_size=batch_size, workers=workers, limits=limits)
 
 
@@ -426,4 +430,5 @@ def ioi_code(
     batch_size = _check_batch_size("ioi_code", code_eval_test_batch_size)
     workers = check_int("ioi_code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
     limits = _limits("ioi_code", timeout, memory_mb, max_output_bytes)
+    sandbox.check_boundary("ioi_code")
     return _IOICode(code_language, batch_size, workers, limits)

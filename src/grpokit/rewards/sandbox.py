@@ -1,55 +1,65 @@
 """A local sandbox for running untrusted Python programs (model completions) against test inputs.
 
 `run_program(source, stdin)` runs one program and returns a `RunResult`; `run_many(jobs, workers=N)` runs several
-at once (threads, each waiting on its own subprocess) and returns the results in input order.
+at once (threads, each waiting on its own subprocess) and returns the results in input order. `check_boundary()`
+says, in one line, why programs cannot run here (the code rewards call it when they are built, before any model
+loads).
 
-What each run gets, and how:
+The boundary is the kernel's, set up by bubblewrap (`bwrap`, the system package `bubblewrap`) for each run:
 
-- **Its own process and process group.** The program runs in a fresh interpreter (`python -I -S -B -X utf8`: no
-  user site, no site-packages, no `PYTHON*` variables, no bytecode writes, UTF-8 I/O) started in a new session.
-  When the program ends, or is stopped, the whole process group is killed with SIGKILL before the program is
-  reaped, so a child that was forked anyway (see below) and stayed in the group does not outlive the run.
-- **Limits.** Wall-clock `timeout` (the group is killed; status "timeout"); CPU time `cpu_seconds` (RLIMIT_CPU;
+- **Namespaces of its own** (`--unshare-all --unshare-user`): a new user namespace with no capabilities at all
+  (`--cap-drop ALL`: as root, bwrap would otherwise keep every capability inside it), and new PID, mount, network,
+  IPC, UTS and (where the kernel allows) cgroup namespaces. The program is PID 1 of its PID namespace
+  (`--as-pid-1`) with a fresh `/proc`: no other process of the machine is visible, so none can be signalled,
+  traced or read (`os.getppid()` is 0); the network namespace has only a loopback interface of its own, where
+  nothing listens, so no connection reaches the machine's 127.0.0.1, its abstract Unix sockets or the network.
+- **A filesystem of its own**: an empty root (read-only) holding read-only binds of `/usr` (with the `/bin`, `/lib`,
+  `/lib64`, `/sbin` links), the dynamic loader's cache and the Python install running the trainer (`sys.base_prefix`:
+  the interpreter and its standard library; not the virtual environment, since the program runs with
+  `python -I -S`), a read-only minimal `/dev`, and a private temporary working directory, the only writable place
+  (also `HOME` and `TMPDIR`), removed afterwards. Home directories (beyond the Python install, when it lives in
+  one, as pyenv's does), the checkout, datasets, checkpoints, other runs' files and `/etc` (beyond the loader cache
+  and the time zone) do not exist there.
+- **A clean environment** (`--clearenv`): `PATH`, `HOME`, `TMPDIR`, `LANG`, `LC_ALL` (and bwrap's `PWD`) only.
+- **No new processes** (a seccomp filter, `_seccomp.py`): `fork`, `vfork` and non-thread `clone` fail, as do new
+  namespaces, `ptrace` and `process_vm_*`; threads work. This is what keeps a fork bomb off the machine's process
+  table (RLIMIT_NPROC is not enforced for root). On an architecture the filter does not know (only x86_64 and
+  aarch64 are), a forked process still dies with the run: the PID namespace ends with its PID 1.
+- **Its lifetime**: `--die-with-parent` kills the program when the trainer dies (even by SIGKILL); `--new-session`
+  detaches it from the trainer's terminal; at the end of a run its PID 1 and bwrap's process group are killed,
+  which ends the PID namespace and everything in it before `run_program` returns. No process outlives the run.
+
+On top of that, inside the interpreter:
+
+- **Limits.** Wall-clock `timeout` (the run is killed; status "timeout"); CPU time `cpu_seconds` (RLIMIT_CPU;
   status "timeout"); address space `memory_mb` (RLIMIT_AS; a `MemoryError` gives status "memory"); the size of any
   file written, `max_file_bytes` (RLIMIT_FSIZE; writing more fails with EFBIG); 64 open files (RLIMIT_NOFILE); no
-  core dumps. Limits are set by the bootstrap in the child itself (no `preexec_fn`, which is unsafe with threads)
-  before the program's code runs, and the program may not change them.
-- **Output caps.** stdout and stderr are each read up to `max_output_bytes`; one byte more kills the group
+  core dumps. The bootstrap sets them before the program's code runs.
+- **Output caps.** stdout and stderr are each read up to `max_output_bytes`; one byte more kills the run
   (status "output_limit", `truncated=True`).
-- **A temporary working directory**, also `HOME` and `TMPDIR`, removed afterwards; a minimal environment
-  (`PATH=/usr/bin:/bin`, a UTF-8 locale: no proxies, tokens or other variables of the trainer).
-- **Refused operations**, through an audit hook (`sys.addaudithook`) installed by a small bootstrap before the
-  program's code is compiled and executed: creating sockets and any other `socket.*` event (so no network, no
-  DNS); `os.fork`, `os.forkpty`, `os.exec*`, `os.posix_spawn*`, `os.spawn*`, `os.system`, `subprocess.Popen` and
-  `_posixsubprocess.fork_exec` (no child processes); `os.kill`/`os.killpg`/`signal.pthread_kill`; `ctypes` (its
-  import and every `ctypes.*` event); `resource.setrlimit`/`prlimit`; `chmod`/`chown`; `gc.get_objects` and
-  friends; and writing, creating, renaming or deleting files outside the working directory (reads are allowed
-  anywhere). A refused operation raises `PermissionError("sandbox: ... is not allowed")` in the program; if it
-  ends the program, the status is "refused".
-- **A network namespace of its own, where available.** If `unshare --user --map-root-user --net` works without
-  privileges (checked once, quickly), the program also runs in a new user and network namespace: it sees only a
-  loopback interface that is down, so even native code cannot reach 127.0.0.1 or the network (and it sees itself
-  as uid 0 of that namespace, which gives it nothing outside). Otherwise only the audit hook keeps the program off
-  the network.
+- **An audit hook** (`sys.addaudithook`), a second layer that turns the common mistakes into a clear status
+  "refused" with `PermissionError("sandbox: ... is not allowed")`: sockets, child processes, signals, `ctypes`,
+  raising limits, `chmod`/`chown`, `gc` introspection, replacing a function's `__code__`, and writes outside the
+  working directory. A hostile program can get past it (Python can reach its state); the kernel's boundary above
+  does not depend on it.
 
-What it does NOT guarantee: an audit hook is not a security boundary. It stops accidents and the naive ways a
-model's program could do harm (a fork bomb, a stray `rm`, a request to a server), not a hostile program: native code
-(a compiled extension importable from the standard library path, a bug in the interpreter) is not watched, and
-Python code can reach the hook's state through frame introspection; a write through a directory descriptor
-(`os.open(name, flags, dir_fd=...)`) is checked against the working directory, not against that directory. Reads are
-not restricted (the program can read any file the trainer's user can). RLIMIT_AS limits virtual memory, which can
-run out before that much memory is really used. Threads are allowed; RLIMIT_NPROC is not set, because it counts
-every process and thread of the whole user (a low value breaks the common `threading` deep-recursion idiom, a high
-one stops nothing) and is not enforced for root; forks are refused by the hook and the group is killed instead. A
-process that left the group (`setsid` after a fork past the hook) would survive. Many files of up to
-`max_file_bytes` each can still be written inside the working directory within the time limit. For untrusted code at
-scale, run the trainer itself in a container or VM.
+What it does not guarantee: the program may use its CPU and memory limits in full, and write many files of up to
+`max_file_bytes` each into its working directory (on the trainer's temporary disk) until its time is up; RLIMIT_AS
+limits virtual memory, which can run out before that much memory is really used. It can read what every program on
+the machine can read in `/usr` and the Python install. A kernel bug is not contained.
+
+Where the boundary cannot be set up (bwrap missing, or unable to create user namespaces: some container runtimes,
+`kernel.apparmor_restrict_unprivileged_userns=1`), `run_program` raises `SandboxUnavailable` naming what is missing,
+unless `GRPOKIT_UNSAFE_SANDBOX=1` asks for the unsafe local mode: the program then runs as the trainer's user with
+the limits, caps and audit hook only, in a new session whose process group is killed at the end, and a warning says
+so once per process.
 
 Only Python runs locally; other languages raise `ValueError`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import selectors
@@ -65,6 +75,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import _seccomp
+
+logger = logging.getLogger("grpokit.rewards")
+
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "refused"]
 
 DEFAULT_TIMEOUT = 10.0
@@ -72,6 +86,8 @@ DEFAULT_MEMORY_MB = 512
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_MAX_FILE_BYTES = 16 << 20
 LANGUAGES = ("python",)
+UNSAFE_ENV = "GRPOKIT_UNSAFE_SANDBOX"
+INSTALL_HINT = "apt-get install bubblewrap (dnf, zypper, pacman, apk: bubblewrap)"
 
 # Exit codes the bootstrap uses to say why the program ended (a program exiting with them itself is rare and only
 # changes the status label of a failed run).
@@ -80,16 +96,18 @@ _EXIT_REFUSED = 118
 _SOURCE_NAME = "solution.py"
 _READ_CHUNK = 1 << 16
 _DRAIN_SECONDS = 1.0  # after the group is killed, how long to wait for the pipes to close
+_PROBE_SECONDS = 10.0  # the one-time check that bwrap works here (it takes about 50 ms)
 
 # The child's bootstrap (run with `python -I -S -B -X utf8 -c`): set the limits, install the audit hook, then run
-# solution.py as __main__. argv: cpu_seconds memory_bytes file_bytes.
+# solution.py as __main__. argv: cpu_seconds memory_bytes file_bytes audit_hook(1/0).
 _BOOTSTRAP = r"""
 import os, sys
 
 def _limit():
     import resource
     cpu, memory, fsize = (int(a) for a in sys.argv[1:4])
-    wanted = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_FSIZE, fsize, fsize),
+    # soft = hard: SIGKILL when the CPU time is used up (as PID 1 of its namespace, SIGXCPU would be ignored)
+    wanted = [(resource.RLIMIT_CPU, cpu, cpu), (resource.RLIMIT_FSIZE, fsize, fsize),
               (resource.RLIMIT_NOFILE, 64, 64), (resource.RLIMIT_CORE, 0, 0)]
     if memory > 0:
         wanted.append((resource.RLIMIT_AS, memory, memory))
@@ -140,6 +158,8 @@ def _install(refused):
                     refuse(f"{event} on {args[i]!r} outside the working directory")
         elif event == "import" and args[0] in banned_imports:
             refuse(f"importing {args[0]}")
+        elif event == "object.__setattr__" and args[1] == "__code__":
+            refuse("replacing a function's __code__")  # the simplest way to switch this hook off
 
     def fork_exec(*args, **kwargs):
         refuse("_posixsubprocess.fork_exec")
@@ -153,7 +173,8 @@ def _run():
     _limit()
     with open(__SOURCE__, "rb") as f:
         source = f.read()
-    _install(refused)
+    if sys.argv[4] == "1":
+        _install(refused)
     main = sys.modules["__main__"].__dict__
     for name in [n for n in main if n not in ("__name__", "__doc__", "__builtins__", "__spec__", "__package__")]:
         del main[name]
@@ -200,33 +221,144 @@ class RunResult:
         return self.status == "ok"
 
 
-# ------------------------------------------------------------------------------------------------ network namespace
-
-_NETNS_LOCK = threading.Lock()
-_NETNS_PREFIX: list[str] | None = None
+# ---------------------------------------------------------------------------------------------------- the boundary
 
 
-def _netns_prefix() -> list[str]:
-    """`unshare --user --map-root-user --net` if it runs a program unprivileged here (checked once), else []."""
-    global _NETNS_PREFIX
-    with _NETNS_LOCK:
-        if _NETNS_PREFIX is None:
-            _NETNS_PREFIX = []
-            unshare = shutil.which("unshare")
-            if unshare is not None and sys.platform.startswith("linux"):
-                prefix = [unshare, "--user", "--map-root-user", "--net"]
-                try:
-                    probe = subprocess.run(
-                        [*prefix, sys.executable, "-I", "-S", "-c", "pass"],
-                        capture_output=True,
-                        timeout=2.0,
-                        env=_environment(tempfile.gettempdir()),
-                    )
-                    if probe.returncode == 0:
-                        _NETNS_PREFIX = prefix
-                except (OSError, subprocess.SubprocessError):
-                    pass
-        return list(_NETNS_PREFIX)
+class SandboxUnavailable(ValueError):
+    """The kernel's boundary cannot be set up here (bwrap missing or unable to create namespaces).
+
+    A ValueError, as a setting this machine cannot honour: the trainer's command reports it in one line."""
+
+
+# Host paths the program sees read-only (when they exist): the libraries and the loader's cache; the Python install
+# is added by `_read_only_paths`. A link among them (`/bin -> usr/bin`) is recreated as a link.
+_SYSTEM_PATHS = (
+    "/usr",
+    "/bin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+)
+
+_BOUNDARY_LOCK = threading.Lock()
+_BOUNDARY: dict[str, str | None] = {}  # filled once: {"bwrap": path or None, "problem": line or None}
+_WARNED_UNSAFE = threading.Event()
+
+
+def _interpreter() -> str:
+    """The Python install's own binary (a virtual environment's `python` is a link to it; `-I -S` needs no more)."""
+    return os.path.realpath(sys.executable)
+
+
+def _read_only_paths() -> list[str]:
+    """`_SYSTEM_PATHS` plus the Python install, without a path that another one already contains."""
+    install = [sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(_interpreter()))]
+    paths = []
+    for path in sorted({*_SYSTEM_PATHS, *(os.path.realpath(p) for p in install)}, key=len):
+        if os.path.lexists(path) and not any(path.startswith(kept.rstrip("/") + "/") for kept in paths):
+            paths.append(path)
+    return paths
+
+
+def _bwrap_argv(bwrap: str, workdir: str, seccomp_fd: int | None) -> list[str]:
+    """bwrap's options for one run in `workdir` (the command follows); `seccomp_fd` holds the filter, or None."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent"]
+    argv += ["--new-session", "--hostname", "sandbox", "--clearenv"]
+    for name, value in _environment(workdir).items():
+        argv += ["--setenv", name, value]
+    for path in _read_only_paths():
+        argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--bind", workdir, workdir]
+    argv += ["--chdir", workdir, "--remount-ro", "/"]  # last: the mounts above need their mount points made
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    return argv
+
+
+def _seccomp_fd() -> int | None:
+    """A fresh descriptor of the seccomp filter for one bwrap (it reads to the end), or None where there is none."""
+    program = _seccomp.program()
+    if program is None:
+        return None
+    fd = os.memfd_create("grpokit-sandbox-seccomp")
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _probe(bwrap: str) -> str | None:
+    """None if bwrap runs a program behind the full boundary here, else bwrap's own complaint."""
+    workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
+    fd = _seccomp_fd()
+    try:
+        argv = [*_bwrap_argv(bwrap, workdir, fd), _interpreter(), "-I", "-S", "-c", "print('ok')"]
+        probe = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=_PROBE_SECONDS,
+            env=_environment(workdir),
+            pass_fds=() if fd is None else (fd,),
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        if fd is not None:
+            os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if probe.returncode == 0 and probe.stdout == b"ok\n":
+        return None
+    said = " ".join(probe.stderr.decode("utf-8", errors="replace").split())[:200]
+    return said or f"exit code {probe.returncode}"
+
+
+def _boundary() -> dict[str, str | None]:
+    """Where bwrap is and why it cannot be used here (None: it can), checked once per process."""
+    with _BOUNDARY_LOCK:
+        if not _BOUNDARY:
+            bwrap = shutil.which("bwrap") if sys.platform.startswith("linux") else None
+            _BOUNDARY.update(bwrap=bwrap, problem=None)
+            if bwrap is None:
+                _BOUNDARY["problem"] = (
+                    "running model programs needs bubblewrap (`bwrap`), which is not installed (or not on PATH): "
+                    f"{INSTALL_HINT}"
+                )
+            elif (said := _probe(bwrap)) is not None:
+                _BOUNDARY["problem"] = (
+                    f"bubblewrap ({bwrap}) cannot set up the sandbox here: {said} (it needs unprivileged user "
+                    "namespaces: sysctl kernel.unprivileged_userns_clone=1 or "
+                    "kernel.apparmor_restrict_unprivileged_userns=0, or a container that allows them)"
+                )
+        return dict(_BOUNDARY)
+
+
+def unsafe_mode() -> bool:
+    """Whether `GRPOKIT_UNSAFE_SANDBOX=1` asks for programs to run without the kernel's boundary."""
+    return os.environ.get(UNSAFE_ENV) == "1"
+
+
+def check_boundary(owner: str = "sandbox") -> None:
+    """Raise SandboxUnavailable (one line, starting with `owner`) if programs cannot run behind the boundary here.
+
+    In the unsafe mode it warns instead, once per process."""
+    if unsafe_mode():
+        if not _WARNED_UNSAFE.is_set():
+            _WARNED_UNSAFE.set()
+            logger.warning(
+                "warning: %s=1: model programs run WITHOUT the sandbox's kernel boundary (no namespaces, no seccomp: "
+                "the audit hook and limits only); a hostile program can read your files, kill the trainer and "
+                "outlive the run",
+                UNSAFE_ENV,
+            )
+        return
+    problem = _boundary()["problem"]
+    if problem is not None:
+        raise SandboxUnavailable(f"{owner}: {problem}; or set {UNSAFE_ENV}=1 to run them unsandboxed, at your risk")
 
 
 # ---------------------------------------------------------------------------------------------------- one process
@@ -236,7 +368,33 @@ def _environment(home: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
 def _kill_group(pgid: int) -> None:
+    """SIGKILL the run: first the leader's children, then its process group.
+
+    Under bwrap the child is PID 1 of the sandbox, in a session of its own: killing it ends the PID namespace, and
+    bwrap, which reaps it, exits only once every process in there is gone. (Killing bwrap alone would end them too,
+    through --die-with-parent, but a moment after `run_program` returned.) The pidfd is checked to still be a child
+    of the leader, so a pid reused meanwhile is never signalled."""
+    for child in _children(pgid):
+        try:
+            pidfd = os.pidfd_open(child)
+        except OSError:
+            continue
+        try:
+            if child in _children(pgid):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -267,6 +425,7 @@ def _execute(
     env: Mapping[str, str],
     timeout: float,
     max_output_bytes: int,
+    pass_fds: tuple[int, ...] = (),
 ) -> tuple[str, int, bytes, bytes, float, bool, float]:
     """Run `argv` in a new session; feed `stdin`, read both outputs up to the cap, kill the group when it ends.
 
@@ -284,6 +443,7 @@ def _execute(
         env=dict(env),
         start_new_session=True,
         close_fds=True,
+        pass_fds=pass_fds,
     )
     out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
     buffers = {out_fd: bytearray(), err_fd: bytearray()}
@@ -396,7 +556,7 @@ def run_program(
 
     `timeout` is wall-clock seconds; `cpu_seconds` defaults to `ceil(timeout)`; `memory_mb=None` sets no memory
     limit. Never raises for what the program does; raises ValueError for bad arguments or a language other than
-    Python.
+    Python, and SandboxUnavailable (a ValueError) where the boundary cannot be set up (see `check_boundary`).
 
     >>> run_program("print(sum(map(int, input().split())))", "2 3\\n").stdout
     '5\\n'
@@ -411,50 +571,69 @@ def run_program(
     memory = int(_positive("memory_mb", memory_mb, integer=True)) << 20 if memory_mb is not None else 0
     max_output_bytes = int(_positive("max_output_bytes", max_output_bytes, integer=True))
     max_file_bytes = int(_positive("max_file_bytes", max_file_bytes, integer=True))
+    return _run(source, stdin, timeout, cpu, memory, max_output_bytes, max_file_bytes)
 
+
+def _run(
+    source: str,
+    stdin: str,
+    timeout: float,
+    cpu: int,
+    memory: int,
+    max_output_bytes: int,
+    max_file_bytes: int,
+    *,
+    audit_hook: bool = True,
+    seccomp: bool = True,
+) -> RunResult:
+    """`run_program` on checked arguments. Tests switch layers off (`audit_hook=False`, `seccomp=False`) to show
+    that the others hold on their own."""
+    boxed = not unsafe_mode()
+    check_boundary()
     workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
+    fd = _seccomp_fd() if boxed and seccomp else None
     try:
         with open(os.path.join(workdir, _SOURCE_NAME), "w", encoding="utf-8") as f:
             f.write(source)
-        argv = [
-            *_netns_prefix(),
-            sys.executable,
-            "-I",
-            "-S",
-            "-B",  # no .pyc writes (outside the working directory, they would be refused)
-            "-X",
-            "utf8",
-            "-c",
-            _BOOTSTRAP,
-            str(cpu),
-            str(memory),
-            str(max_file_bytes),
-        ]
+        python = [_interpreter(), "-I", "-S", "-B", "-X", "utf8"]  # -B: no .pyc writes
+        limits = [str(cpu), str(memory), str(max_file_bytes), "1" if audit_hook else "0"]
+        prefix = _bwrap_argv(_boundary()["bwrap"], workdir, fd) if boxed else []
         reason, code, out, err, seconds, truncated, cpu_used = _execute(
-            argv,
+            [*prefix, *python, "-c", _BOOTSTRAP, *limits],
             stdin.encode("utf-8"),
             cwd=workdir,
             env=_environment(workdir),
             timeout=timeout,
             max_output_bytes=max_output_bytes,
+            pass_fds=() if fd is None else (fd,),
         )
     finally:
+        if fd is not None:
+            os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+    if boxed and 128 < code < 128 + signal.NSIG:
+        code = 128 - code  # bwrap reports a program ended by signal N as exit code 128 + N
+    return RunResult(_status(reason, code, cpu_used, cpu), code, _decode(out), _decode(err), seconds, truncated)
 
+
+def _status(reason: str, code: int, cpu_used: float, cpu: int) -> Status:
     if reason != "exited":
-        status = reason
-    elif code == 0:
-        status = "ok"
-    elif code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_used >= cpu):
-        status = "timeout"
-    elif code == _EXIT_MEMORY:
-        status = "memory"
-    elif code == _EXIT_REFUSED:
-        status = "refused"
-    else:
-        status = "error"
-    decode = lambda data: data.decode("utf-8", errors="replace")  # noqa: E731
-    return RunResult(status, code, decode(out), decode(err), seconds, truncated)
+        return reason
+    if code == 0:
+        return "ok"
+    # RLIMIT_CPU kills with SIGKILL (soft = hard); the CPU time the kernel reports for the run can fall a little
+    # short of the limit it enforced (seen: 1.96 s of 2), hence the margin.
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_used >= 0.9 * cpu):
+        return "timeout"
+    if code == _EXIT_MEMORY:
+        return "memory"
+    if code == _EXIT_REFUSED:
+        return "refused"
+    return "error"
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def run_many(jobs: Iterable[Mapping[str, Any]], *, workers: int = 2) -> list[RunResult]:
