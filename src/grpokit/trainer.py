@@ -100,10 +100,7 @@ class GRPOTrainer(Trainer):
         resolve_precision(args)
         set_wandb_environment(args)
 
-        built = models.build_models(model, processing_class, peft_config, args)
-        self._model_path, self.eos_token_ids, self.ref_model = built.model_path, built.eos_token_ids, built.reference
-        self.router_aux_loss_coef, self.aux_loss_enabled = built.router_aux_loss_coef, built.aux_loss_enabled
-        self.loss_settings = LossSettings.from_config(args)
+        # Rewards first: a reward that cannot run here (e.g. the code sandbox) is refused before the policy loads.
         self.rewards = build_reward_functions(
             reward_funcs,
             _as_list(reward_processing_classes),
@@ -114,6 +111,10 @@ class GRPOTrainer(Trainer):
             timeout=args.reward_timeout,
         )
         self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
+        built = models.build_models(model, processing_class, peft_config, args)
+        self._model_path, self.eos_token_ids, self.ref_model = built.model_path, built.eos_token_ids, built.reference
+        self.router_aux_loss_coef, self.aux_loss_enabled = built.router_aux_loss_coef, built.aux_loss_enabled
+        self.loss_settings = LossSettings.from_config(args)
 
         super().__init__(
             model=built.policy,

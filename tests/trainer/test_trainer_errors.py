@@ -110,3 +110,13 @@ def test_vllm_fields_without_use_vllm_are_named_at_start(make_args, dataset, tin
     messages = [r.getMessage() for r in caplog.records]
     assert "vllm_gpu_memory_utilization=0.5 has no effect without use_vllm: true" in messages
     assert "vllm_mode='server' has no effect without use_vllm: true" in messages
+
+
+def test_a_code_reward_without_its_sandbox_is_refused_before_the_model_loads(make_args, dataset, monkeypatch):
+    from grpokit.rewards import sandbox
+
+    monkeypatch.setattr(sandbox, "_BOUNDARY", {})
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    # the model path does not exist: had the model loaded first, that would be the error
+    with pytest.raises(ValueError, match=r"code: running model programs needs bubblewrap \(`bwrap`\)"):
+        GRPOTrainer("/nonexistent/model", "code", args=make_args(), train_dataset=dataset)
