@@ -374,7 +374,13 @@ def test_nothing_survives_the_trainer_being_killed(tmp_path):
     while _processes_with(f"\0{token}\0") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_with(f"\0{token}\0") == []
-    assert [p.name[: len("grpokit-sandbox-")] for p in tmp_path.iterdir()] == ["grpokit-sandbox-"]
+    (left,) = tmp_path.iterdir()  # the killed trainer's working directory stays behind...
+    assert left.name.startswith(f"grpokit-sandbox-{trainer.pid}-")
+    # ...until the next trainer's first program: it removes the folders of trainers that are gone
+    code = "from grpokit.rewards.sandbox import run_program\nassert run_program('print(2)').stdout == '2\\n'"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
+    assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------------- bombs

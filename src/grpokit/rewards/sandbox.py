@@ -251,6 +251,37 @@ _BOUNDARY: dict[str, str | None] = {}  # filled once: {"bwrap": path or None, "p
 _WARNED_UNSAFE = threading.Event()
 
 
+_WORKDIR_PREFIX = "grpokit-sandbox-"
+_SWEPT: set[int] = set()  # the processes (pids) that have removed the folders dead trainers left
+
+
+def _new_workdir() -> str:
+    """A fresh working directory for one program, named after this process (`grpokit-sandbox-<pid>-*`). The first
+    one a process makes also removes the folders of trainers that died without cleaning up (SIGKILL, power cut):
+    their programs are gone with them (`--die-with-parent`), only the folders stayed."""
+    if os.getpid() not in _SWEPT:
+        _SWEPT.add(os.getpid())
+        _remove_orphaned_workdirs(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+
+
+def _remove_orphaned_workdirs(parent: str) -> None:
+    for name in os.listdir(parent):
+        owner = name[len(_WORKDIR_PREFIX) :].split("-", 1)[0] if name.startswith(_WORKDIR_PREFIX) else ""
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean up after
+        return True
+    return True
+
+
 def _interpreter() -> str:
     """The Python install's own binary (a virtual environment's `python` is a link to it; `-I -S` needs no more)."""
     return os.path.realpath(sys.executable)
@@ -294,7 +325,7 @@ def _seccomp_fd() -> int | None:
 
 def _probe(bwrap: str) -> str | None:
     """None if bwrap runs a program behind the full boundary here, else bwrap's own complaint."""
-    workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
+    workdir = _new_workdir()
     fd = _seccomp_fd()
     try:
         argv = [*_bwrap_argv(bwrap, workdir, fd), _interpreter(), "-I", "-S", "-c", "print('ok')"]
@@ -590,7 +621,7 @@ def _run(
     that the others hold on their own."""
     boxed = not unsafe_mode()
     check_boundary()
-    workdir = tempfile.mkdtemp(prefix="grpokit-sandbox-")
+    workdir = _new_workdir()
     fd = _seccomp_fd() if boxed and seccomp else None
     try:
         with open(os.path.join(workdir, _SOURCE_NAME), "w", encoding="utf-8") as f:
