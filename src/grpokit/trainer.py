@@ -256,7 +256,8 @@ class GRPOTrainer(Trainer):
 
     def _rollout(self, rows, mode: str):
         args = self.args
-        settings = RolloutSettings.from_config(args, self._num_generations(mode))
+        positions = getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None)
+        settings = RolloutSettings.from_config(args, self._num_generations(mode), max_positions=positions)
         if args.use_vllm and self._synced_step != self.state.global_step:
             # The policy changed since the engine last got its weights (or it never did): push them once per round.
             policy = self.accelerator.unwrap_model(self.model)

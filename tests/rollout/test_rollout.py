@@ -108,3 +108,23 @@ def test_micro_batches(tiny_tokenizer):
     assert shuffled["advantages"].tolist() == rollout.advantages[order].tolist()  # rows stay aligned
     with pytest.raises(ValueError, match="cannot be split into 3"):
         rollout.micro_batches(3)
+
+
+def test_a_prompt_beyond_the_models_positions_is_refused_before_generating(tiny_tokenizer):
+    from grpokit.generation import GenerationError
+
+    # "ab" is 2 tokens: 2 + 3 = 5 positions fit; "cde" is 3 tokens: 3 + 3 = 6 do not
+    with pytest.raises(GenerationError) as info:
+        rollout_for(tiny_tokenizer, max_positions=5, max_completion_length=3)
+    assert str(info.value) == (
+        "a prompt of 3 tokens ('cde') with max_completion_length=3 needs 6 positions, more than the model's 5 "
+        "(max_position_embeddings): set max_prompt_length to at most 2 (it keeps the end of each prompt), or shorten "
+        "such prompts"
+    )
+
+
+def test_max_prompt_length_makes_them_fit(tiny_tokenizer):
+    rollout, generator, _ = rollout_for(tiny_tokenizer, max_positions=5, max_completion_length=3, max_prompt_length=2)
+    assert [len(ids) for ids in generator.prompt_ids] == [2, 2, 2, 2]
+    rollout, generator, _ = rollout_for(tiny_tokenizer, max_positions=6, max_completion_length=3)  # 3 + 3 = 6 fits
+    assert generator.prompt_ids is not None

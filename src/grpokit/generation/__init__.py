@@ -12,6 +12,7 @@ shares: prompt encoding, padding, EOS handling, decoding to text; `vllm_common.p
 from .base import Generated, GenerationBackend, GenerationError
 from .factory import build_generator
 from .tokens import (
+    check_prompt_lengths,
     cut_after_eos,
     decode_completions,
     encode_prompts,
@@ -28,6 +29,7 @@ __all__ = [
     "GenerationError",
     "TransformersGenerator",
     "build_generator",
+    "check_prompt_lengths",
     "cut_after_eos",
     "decode_completions",
     "encode_prompts",

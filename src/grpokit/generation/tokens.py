@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .base import GenerationError
+
 
 def is_conversational(prompt: Any) -> bool:
     """A conversational prompt is a list of `{"role", "content"}` messages (TRL's convention)."""
@@ -34,6 +36,28 @@ def encode_prompts(
     else:
         encoded = tokenizer(text=list(prompts))["input_ids"]
     return [left_truncate(list(ids), max_prompt_length) for ids in encoded]
+
+
+def check_prompt_lengths(
+    prompt_ids: Sequence[Sequence[int]],
+    prompts: Sequence[Any],
+    max_completion_length: int | None,
+    max_positions: int | None,
+) -> None:
+    """Refuse, in one line naming the prompt, a prompt whose tokens plus `max_completion_length` do not fit the
+    model's `max_positions`: generating past them fails or degrades silently, depending on the model."""
+    if not max_positions or max_completion_length is None:
+        return
+    for ids, prompt in zip(prompt_ids, prompts, strict=True):
+        if len(ids) + max_completion_length > max_positions:
+            shown = repr(prompt if isinstance(prompt, str) else prompt[-1].get("content", prompt[-1]))
+            shown = shown if len(shown) <= 80 else f"{shown[:60]}...{shown[-17:]}"
+            raise GenerationError(
+                f"a prompt of {len(ids)} tokens ({shown}) with max_completion_length={max_completion_length} needs "
+                f"{len(ids) + max_completion_length} positions, more than the model's {max_positions} "
+                f"(max_position_embeddings): set max_prompt_length to at most {max_positions - max_completion_length} "
+                "(it keeps the end of each prompt), or shorten such prompts"
+            )
 
 
 def left_truncate(ids: list[int], max_length: int | None) -> list[int]:

@@ -17,6 +17,7 @@ from grpokit.algorithms import group_advantages, reward_metrics, vllm_importance
 from grpokit.dist import LOCAL, Collective
 from grpokit.generation import (
     GenerationBackend,
+    check_prompt_lengths,
     decode_completions,
     encode_prompts,
     is_conversational,
@@ -59,11 +60,16 @@ class RolloutSettings:
     importance_sampling_mode: str | None = None
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = None
+    # The policy's positions (max_position_embeddings): a prompt whose tokens plus max_completion_length exceed them
+    # is refused, never cut silently (max_prompt_length cuts on purpose). None: not checked.
+    max_positions: int | None = None
+    max_completion_length: int | None = None
 
     @classmethod
-    def from_config(cls, args, num_generations: int) -> RolloutSettings:
+    def from_config(cls, args, num_generations: int, *, max_positions: int | None = None) -> RolloutSettings:
         """The settings of `args` (a `GRPOConfig`) for rounds of `num_generations` completions per prompt (training
-        and evaluation may differ). The importance-sampling correction is on only with vLLM, as in TRL."""
+        and evaluation may differ) with a policy of `max_positions` positions. The importance-sampling correction is
+        on only with vLLM, as in TRL."""
         correction = {}
         if args.use_vllm and args.vllm_importance_sampling_correction:
             correction = dict(
@@ -80,6 +86,8 @@ class RolloutSettings:
             scale_rewards=args.scale_rewards,
             reward_weights=args.reward_weights,
             multi_objective_aggregation=args.multi_objective_aggregation,
+            max_positions=max_positions,
+            max_completion_length=args.max_completion_length,
             **correction,
         )
 
@@ -161,6 +169,7 @@ def produce_rollout(
         max_prompt_length=settings.max_prompt_length,
         chat_template_kwargs=settings.chat_template_kwargs,
     )
+    check_prompt_lengths(prompt_id_lists, prompts, settings.max_completion_length, settings.max_positions)
     generated = generator.generate(prompt_id_lists)
     completion_id_lists = generated.completion_ids
     completions = decode_completions(tokenizer, completion_id_lists, conversational=is_conversational(prompts[0]))
