@@ -56,6 +56,11 @@ RUN_FLAGS = ("config", "recipe", "model_name_or_path", "dataset_name", "reward_f
 def main(argv=None) -> int:
     """The command. Given no `argv` (the console script, `python -m grpokit`), this is the whole process: when the
     command is done, threads that user code left running do not keep it alive (see `leave_despite_threads`)."""
+    if argv is None:
+        from grpokit.cli import supervise
+
+        if supervise.wanted(sys.argv[1:]):  # the training runs in a child this process watches
+            return supervise.supervise(sys.argv[1:])
     try:
         code = _main(argv)
     except BrokenPipeError:  # `grpokit train --help | head`: the reader left; say nothing more
@@ -63,6 +68,9 @@ def main(argv=None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     if argv is None:
+        from grpokit.cli.supervise import mark_finished
+
+        mark_finished(code)
         leave_despite_threads(code)
     return code
 
