@@ -223,7 +223,6 @@ def test_a_reward_that_exits_is_one_line_not_a_finished_run(train):
 def test_threads_a_reward_leaves_do_not_keep_the_finished_command_alive(tmp_path, tiny_model_dir):
     """The console command (`python -m grpokit train`) exits when the run is done, with one warning naming the
     non-daemon thread a reward started and never joined (the interpreter would wait for it forever)."""
-    import subprocess
 
     (tmp_path / "lingering.py").write_text(
         "import threading\n\n"
@@ -233,13 +232,7 @@ def test_threads_a_reward_leaves_do_not_keep_the_finished_command_alive(tmp_path
         "        worker.start()\n"
         "    return [1.0] * len(completions)\n"
     )
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"{i}="}) + "\n" for i in range(8)))
-    command = [sys.executable, "-m", "grpokit", "train", "--model_name_or_path", tiny_model_dir]
-    command += ["--dataset_name", str(tmp_path / "data.jsonl"), "--reward_funcs", "lingering.reward"]
-    command += ["--num_generations", "2", "--per_device_train_batch_size", "4", "--max_completion_length", "4"]
-    command += ["--max_steps", "1", "--report_to", "none", "--save_strategy", "no", "--output_dir", "run"]
-    env = {k: v for k, v in __import__("os").environ.items() if k not in LAUNCHER_ENV}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = _console_train(tmp_path, tiny_model_dir, "lingering.reward")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "run" / "model.safetensors").is_file()
     assert done.stderr.strip().splitlines()[-1] == (
@@ -250,18 +243,25 @@ def test_threads_a_reward_leaves_do_not_keep_the_finished_command_alive(tmp_path
 def test_os_exit_zero_in_a_reward_is_not_a_success(tmp_path, tiny_model_dir):
     """`os._exit(0)` ends the training process at once with status 0; the command that supervises it says the run
     did not finish, in one line, with status 1 (a scheduler must not take the missing model for a finished run)."""
-    import subprocess
 
     (tmp_path / "exiter.py").write_text("import os\n\ndef reward(completions, **kwargs):\n    os._exit(0)\n")
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"{i}="}) + "\n" for i in range(8)))
-    command = [sys.executable, "-m", "grpokit", "train", "--model_name_or_path", tiny_model_dir]
-    command += ["--dataset_name", str(tmp_path / "data.jsonl"), "--reward_funcs", "exiter.reward"]
-    command += ["--num_generations", "2", "--per_device_train_batch_size", "4", "--max_completion_length", "4"]
-    command += ["--max_steps", "1", "--report_to", "none", "--save_strategy", "no", "--output_dir", "run"]
-    env = {k: v for k, v in __import__("os").environ.items() if k not in LAUNCHER_ENV}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = _console_train(tmp_path, tiny_model_dir, "exiter.reward")
     assert done.returncode == 1
     assert errors(done.stderr) == [
         "error: the training process exited with status 0 before `grpokit train` finished (os._exit in a reward, a "
         "callback or a library?): the run is incomplete; its last checkpoint, if any, is in output_dir"
     ]
+
+
+def _console_train(tmp_path, model_dir, reward: str):
+    """`python -m grpokit train` (the console command, supervised) for one step with `reward`, in tmp_path."""
+    import os
+    import subprocess
+
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"{i}="}) + "\n" for i in range(8)))
+    command = [sys.executable, "-m", "grpokit", "train", "--model_name_or_path", model_dir, "--reward_funcs", reward]
+    command += ["--dataset_name", str(tmp_path / "data.jsonl"), "--num_generations", "2"]
+    command += ["--per_device_train_batch_size", "4", "--max_completion_length", "4", "--max_steps", "1"]
+    command += ["--report_to", "none", "--save_strategy", "no", "--output_dir", "run"]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -367,16 +366,11 @@ def run_launch(request: LaunchRequest, child_args, mixed_precision: str | None =
         file=sys.stderr,
         flush=True,
     )
-    child = subprocess.Popen(command, env=launch_env(request))
+    from grpokit.cli.supervise import wait_passing_signals
+
     # A scheduler's SIGTERM (or a Ctrl-C sent to this process alone) reaches the launch, whose processes then save
-    # and stop (see grpokit.cli.stopping); this process waits for them instead of dying first and orphaning them.
-    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    # and stop (see grpokit.cli.stopping).
+    code = wait_passing_signals(subprocess.Popen(command, env=launch_env(request)))
     return 128 - code if code < 0 else code  # killed by a signal: the shell's convention, 128 + its number
 
 

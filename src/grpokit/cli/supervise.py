@@ -36,13 +36,9 @@ def supervise(argv: list[str]) -> int:
     marker_dir = tempfile.mkdtemp(prefix="grpokit-supervisor-")
     marker = os.path.join(marker_dir, "finished")
     child = subprocess.Popen([sys.executable, "-m", "grpokit", *argv], env={**os.environ, SUPERVISED_ENV: marker})
-    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731 - the child saves and stops
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = child.wait()
+        code = wait_passing_signals(child)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         finished = os.path.exists(marker)
         if finished:
             os.remove(marker)
@@ -57,6 +53,18 @@ def supervise(argv: list[str]) -> int:
         )
         return 1
     return code
+
+
+def wait_passing_signals(child: subprocess.Popen) -> int:
+    """Wait for `child`, passing SIGTERM and SIGINT on to it (it saves and stops) instead of dying first and leaving
+    it orphaned: its raw exit status."""
+    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def mark_finished(code: int) -> None:
