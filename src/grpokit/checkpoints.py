@@ -355,6 +355,12 @@ def checkpoint_problems(checkpoint: str) -> list[str]:
             problem = file_problem(path)
             if problem:
                 problems.append(f"{path}: {problem}")
+    named = _CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(checkpoint)))
+    step = checkpoint_step(checkpoint)
+    if not problems and named and step is not None and step != int(named.group(1)):
+        # e.g. a trainer_state.json copied in from another checkpoint: the run would resume at the wrong step
+        state = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        problems.append(f"{state}: global_step {step} in a folder named for step {named.group(1)}")
     if not problems:
         return []
     earlier = _previous_good_checkpoint(checkpoint)

@@ -105,3 +105,14 @@ def test_every_file_of_a_good_checkpoint_reads(finished_run):
     folder = finished_run / "run" / "checkpoint-2"
     assert checkpoint_problems(str(folder)) == []
     assert file_problem(str(folder / "rng_state.pth")) is None  # numpy's RNG state: allowed, as the loader allows it
+
+
+def test_a_state_from_another_step_is_inconsistent(finished_run, tmp_path):
+    for step in (1, 2):
+        shutil.copytree(finished_run / "run" / f"checkpoint-{step}", tmp_path / f"checkpoint-{step}")
+    shutil.copy(tmp_path / "checkpoint-1" / "trainer_state.json", tmp_path / "checkpoint-2" / "trainer_state.json")
+    (line,) = checkpoint_problems(str(tmp_path / "checkpoint-2"))
+    assert line == (
+        f"resume_from_checkpoint: {tmp_path}/checkpoint-2/trainer_state.json: global_step 1 in a folder named for "
+        f"step 2; resume from the previous complete checkpoint: --resume_from_checkpoint {tmp_path}/checkpoint-1"
+    )
