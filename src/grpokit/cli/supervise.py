@@ -4,7 +4,8 @@ inside that process can see it coming; a scheduler would take the missing model 
 
 So the command (the console script, `python -m grpokit train`) runs the training in a child process, the same command
 with `GRPOKIT_SUPERVISED` naming a marker file that the child writes when its command returns. The parent passes
-SIGTERM and SIGINT on, waits, and reports a child that exited 0 without the marker in one line, with status 1.
+SIGTERM and SIGINT on, waits, and reports a child that exited 0 without the marker in one line, with status 1. A
+child killed by a signal (SIGKILL) ends the parent by the same signal: to its own parent, the command died as before.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ def supervise(argv: list[str]) -> int:
         if finished:
             os.remove(marker)
         os.rmdir(marker_dir)
-    if code < 0:  # killed by a signal: the shell's convention, 128 + its number
-        return 128 - code
+    if code < 0:  # killed by a signal: end the same way, so that whoever waits on this process sees what happened
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught, so have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal that does not end a process by default (none that kills a child does)
     if code == 0 and not finished:
         print(
             "error: the training process exited with status 0 before `grpokit train` finished (os._exit in a reward, "
