@@ -185,8 +185,10 @@ MAY_IMPORT = {
         "grpokit.dist",
         "grpokit.nan_guard",
         "grpokit.tiny",
+        "grpokit.trl_compat",
     }
     | LEAVES,
+    "grpokit.trl_compat": {"grpokit.algorithms", "grpokit.dist", "grpokit.rollout"},
     "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch"},
     "grpokit.metrics": {"grpokit.algorithms", "grpokit.dist"},
     "grpokit.rollout": {

@@ -28,9 +28,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_datasets_available
 
 from . import checkpoints, models, sharding
-from .algorithms import LossSettings, off_policy_mask, policy_loss
+from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
-from .algorithms.entropy_control import EntropyCoefficient, high_entropy_mask, masked_entropy_mean
+from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
 from .config.grpo_config import GRPOConfig, set_wandb_environment
 from .config.precision import hardware_problems, resolve_precision
 from .config.redaction import hidden_secrets
@@ -46,6 +46,7 @@ from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
+from .trl_compat import TRLCompatMixin
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def identity(rows):
     return rows
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(TRLCompatMixin, Trainer):
     """Group Relative Policy Optimization trainer, with the constructor of TRL 1.16's `GRPOTrainer`.
 
     Args:
@@ -132,6 +133,7 @@ class GRPOTrainer(Trainer):
                 "`accelerate launch` or `torchrun`, or expose one GPU with CUDA_VISIBLE_DEVICES"
             )
         self._init_state(args)
+        self._warn_as_trl(args)
         self._place_auxiliary_models()
         if args.sync_ref_model:
             self.add_callback(_SyncReferenceCallback(self))
@@ -256,8 +258,7 @@ class GRPOTrainer(Trainer):
 
     def _rollout(self, rows, mode: str):
         args = self.args
-        positions = getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None)
-        settings = RolloutSettings.from_config(args, self._num_generations(mode), max_positions=positions)
+        settings = self._rollout_settings(mode)
         if args.use_vllm and self._synced_step != self.state.global_step:
             # The policy changed since the engine last got its weights (or it never did): push them once per round.
             policy = self.accelerator.unwrap_model(self.model)
@@ -282,6 +283,7 @@ class GRPOTrainer(Trainer):
             },
             dist=self._dist,
             device=self.accelerator.device,
+            generate=self._generate,  # TRL's hook: a subclass's override generates for every backend
         )
         self._record_rollout(rollout, mode)
         self._unscorable.check(rollout, mode)
@@ -353,14 +355,16 @@ class GRPOTrainer(Trainer):
             )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each
         old_logps = inputs.get("old_logps")  # None: on-policy
-        entropy_keep = self._entropy_mask(entropies, mask) if args.top_entropy_quantile < 1.0 else None
+        entropy_keep = None
+        if args.top_entropy_quantile < 1.0:  # ranked over all processes' active tokens, as TRL
+            entropy_keep = self.get_high_entropy_mask(entropies, mask, 1 - args.top_entropy_quantile)
         off_policy_keep = None
         if args.off_policy_mask_threshold is not None:
             # The sampler's own logprobs where the backend gave them (vLLM), else the trainer's old ones, as TRL.
             sampling_logps = inputs.get("sampling_logps")
             if sampling_logps is None:
                 sampling_logps = logps.detach() if old_logps is None else old_logps
-            off_policy_keep = off_policy_mask(
+            off_policy_keep = self.get_off_policy_mask(
                 inputs["advantages"], logps, sampling_logps, mask, args.off_policy_mask_threshold
             )
         # dapo/cispo/vespo divide by the active tokens of the whole generation batch (all processes), rescaled to
@@ -402,11 +406,6 @@ class GRPOTrainer(Trainer):
             loss = loss + self.router_aux_loss_coef * scores.aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self._metrics.gathered_mean(scores.aux_loss))
         return loss
-
-    def _entropy_mask(self, entropies, mask):
-        """Keep the top `top_entropy_quantile` fraction of tokens by entropy, ranked over all processes' tokens."""
-        pooled = self._dist.gather_padded(entropies.detach()[mask.bool()].float(), pad_value=-1e9)
-        return high_entropy_mask(entropies, mask, 1 - self.args.top_entropy_quantile, pooled=pooled)
 
     def _track_entropy(self, entropies, active, mode: str):
         """Adaptive entropy: accumulate the step's entropy and move the coefficient at the optimizer step."""

@@ -66,6 +66,7 @@ def grpokit(*args, cwd=None, python_flags=()):
         ["config", "diff"],
         ["recipes"],
         ["recipes", "show"],
+        ["rewards"],
         ["accelerate-configs"],
         ["plot"],
         ["env"],

@@ -88,13 +88,15 @@ def test_harmless_removed_key_is_a_warning(write, key, line):
 
 
 def test_removed_vllm_device_is_an_error_naming_the_version(write):
-    path = write("old.yaml", "use_vllm: true\nvllm_device: auto\n")
+    path = write(
+        "old.yaml", "use_vllm: true\nvllm_device: cuda:1\n"
+    )  # `auto` is only a warning (test_openr1_codeforces)
     with pytest.raises(ConfigError) as exc:
         resolve("--config", path)
     assert [p.line() for p in exc.value.problems] == [
-        f"vllm_device='auto' (yaml:{path}:2): removed in TRL 0.18: vLLM runs in each training process (vllm_mode: "
-        "colocate) or in a separate server (vllm_mode: server, started with `grpokit vllm-serve` on the GPUs you "
-        "choose); delete the key"
+        f"vllm_device='cuda:1' (yaml:{path}:2): removed in TRL 0.18: vLLM's device is chosen for you (as `auto` "
+        "asked): each training process's own (vllm_mode: colocate) or a separate server's (vllm_mode: server, "
+        "started with `grpokit vllm-serve` on the GPUs you choose); delete the key"
     ]
     assert "did you mean" not in str(exc.value)
 
@@ -282,7 +284,8 @@ def validator():
         ({"learning_rate": "5e-7"}, True),  # YAML 1.1 reads 5e-7 as a string; the parser takes it
         ({"beta": "1e-3", "min_p": "0.05", "top_p": 1}, True),
         ({"learning_rate": "fast"}, False),
-        ({"vllm_device": "auto"}, False),  # removed: the parser refuses it
+        ({"vllm_device": "auto"}, True),  # removed, but "auto" is what grpokit does: a warning
+        ({"vllm_device": "cuda:1"}, False),  # removed: the parser refuses any other value
         ({"vllm_dtype": "half", "use_liger_loss": True}, True),  # a warning only, or migrated
         ({"cosine_max_len": 10, "code_provider": "local", "callbacks": []}, True),
         ({"code_provider": "e2bb"}, False),

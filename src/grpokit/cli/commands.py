@@ -4,6 +4,7 @@ grpokit train  [--demo] [--config F]... [--recipe NAME] [--field value]... [--ac
                [--num_processes N]]
 grpokit config validate|show|plan|schema|diff ...
 grpokit recipes [show NAME]
+grpokit rewards [show NAME]
 grpokit accelerate-configs [show NAME]
 grpokit plot RUN_DIR
 grpokit vllm-serve MODEL [options]
@@ -31,6 +32,7 @@ commands:
   config schema         JSON Schema of the YAML that --config accepts
   config diff A B       fields that resolve differently in two YAML files
   recipes [show NAME]   list the shipped recipes, or print one
+  rewards [show NAME]   list the built-in rewards (what each scores, its kwargs, the extra it needs), or one in full
   accelerate-configs [show NAME]
                         list the shipped accelerate launch presets (for --accelerate_config), or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
@@ -111,6 +113,7 @@ def _main(argv=None) -> int:
     handlers = {
         "config": _config,
         "recipes": _recipes,
+        "rewards": _rewards,
         "accelerate-configs": _accelerate_configs,
         "train": _train,
         "plot": _plot,
@@ -318,6 +321,23 @@ def _recipes(args) -> int:
     from grpokit.config.recipes import recipe_names, recipe_summary, recipe_text
 
     return _list_or_show(args, recipe_names(), recipe_summary, recipe_text, "grpokit recipes [show NAME]")
+
+
+def _rewards(args) -> int:
+    from grpokit.cli import reward_list
+    from grpokit.rewards.registry import reward_names
+
+    if not args:
+        print(reward_list.list_text())
+        return 0
+    if args[0] == "show" and len(args) == 2:
+        if args[1] not in reward_names():
+            _error(reward_list.unknown_line(args[1]))
+            return 2
+        print(reward_list.show_text(args[1]))
+        return 0
+    _error("usage: grpokit rewards [show NAME]")
+    return 2
 
 
 def _accelerate_configs(args) -> int:

@@ -493,6 +493,16 @@ values sit under your YAML and flags.
 
 options:
   -h, --help    this help""",
+    "rewards": """\
+usage: grpokit rewards [show NAME]
+
+Without arguments: every built-in reward name for `reward_funcs`, with what it scores, the kwargs a
+`{name: NAME, kwargs: {...}}` entry may set (and their defaults) and the extra it needs (math-verify for the math
+rewards, the local sandbox for the code rewards). `show NAME`: one reward in full. Your own rewards are dotted
+paths (`my_pkg.rewards.fn`) with TRL's signature `fn(prompts, completions, **columns) -> list[float | None]`.
+
+options:
+  -h, --help    this help""",
     "accelerate-configs": """\
 usage: grpokit accelerate-configs [show NAME]
 

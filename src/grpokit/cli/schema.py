@@ -8,7 +8,7 @@ import json
 import typing
 from typing import Any
 
-from grpokit.config.migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS
+from grpokit.config.migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS, TRL_KEY_CHANGES
 from grpokit.config.recipes import recipe_names
 from grpokit.config.rules import MAPPING_FIELDS, RANGES
 from grpokit.config.script_args import DatasetConfig
@@ -157,7 +157,9 @@ def build_schema(dataclass_types) -> dict:
             target.pop("default", None)
             target.update({"deprecated": True, "description": f"Deprecated: {why}."})
             if old in REMOVED_KEY_ERRORS:
-                target["not"] = {}  # no value is valid: the parser refuses the key
+                harmless = list(TRL_KEY_CHANGES[old].harmless_values)
+                # the parser refuses the key, except for values that ask for what grpokit does anyway
+                target.update({"enum": harmless} if harmless else {"not": {}})
             properties[old] = target
         else:
             properties[old]["deprecated"] = True

@@ -34,16 +34,19 @@ class TRLKeyChange:
     new: str | None  # the key now; None when it is gone
     action: str  # what to do now
     harmless: bool = False  # a removed key whose value can be dropped with a warning
+    harmless_values: tuple = ()  # values of a removed key that ask for what grpokit does anyway: a warning too
 
 
 TRL_KEY_CHANGES: dict[str, TRLKeyChange] = {
     # The in-process vLLM engine of TRL 0.14/0.15 gave way to `trl vllm-serve` in 0.16 (#3094), where these four
     # became deprecated; they were removed in 0.18, which added colocate mode and `vllm_max_model_length`.
+    # `auto` (open-r1's recipes) asked vLLM to pick its device, which is what both modes do now: only a warning.
     "vllm_device": TRLKeyChange(
         "0.18",
         None,
-        "vLLM runs in each training process (vllm_mode: colocate) or in a separate server (vllm_mode: server, "
-        "started with `grpokit vllm-serve` on the GPUs you choose); delete the key",
+        "vLLM's device is chosen for you (as `auto` asked): each training process's own (vllm_mode: colocate) or a "
+        "separate server's (vllm_mode: server, started with `grpokit vllm-serve` on the GPUs you choose); delete the key",
+        harmless_values=("auto",),
     ),
     "vllm_dtype": TRLKeyChange("0.18", None, "vLLM runs in the model's dtype (dtype / model_init_kwargs)", True),
     "vllm_enable_prefix_caching": TRLKeyChange("0.18", None, "vLLM's prefix caching stays at its default (on)", True),
@@ -65,8 +68,21 @@ def _trl_why(old: str, change: TRLKeyChange) -> str:
 
 
 RENAMED_KEYS.update({old: (change.new, _trl_why(old, change)) for old, change in TRL_KEY_CHANGES.items()})
-# Removed keys that stop the run (the other removed keys are dropped with a warning).
+# Removed keys that stop the run (the other removed keys are dropped with a warning), unless set to one of their
+# `harmless_values` (see `removed_key_is_error`).
 REMOVED_KEY_ERRORS = frozenset(o for o, c in TRL_KEY_CHANGES.items() if c.new is None and not c.harmless)
+
+
+def removed_key_is_error(key: str, value) -> bool:
+    """Whether the removed `key` set to `value` stops the run; False for a key that is not removed, a harmless one,
+    or one of its `harmless_values` (compared case-insensitively: `vllm_device: AUTO` is `auto`), which the parser
+    drops with a warning instead."""
+    if key not in REMOVED_KEY_ERRORS:
+        return False
+    if isinstance(value, str):
+        value = value.strip().lower()
+    return value not in TRL_KEY_CHANGES[key].harmless_values
+
 
 # Defaults whose meaning changed across TRL releases: a config that leaves them unset trains differently from the
 # same file under an older TRL. `grpokit config` notes each one left unset: field -> (note, only when this is true).

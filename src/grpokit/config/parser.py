@@ -23,7 +23,7 @@ from transformers import HfArgumentParser
 from grpokit.launch import under_launcher
 
 from .grpo_config import GRPOConfig
-from .migrations import REMOVED_KEY_ERRORS, RENAMED_KEYS, changed_default_notes, legacy_scale_rewards
+from .migrations import RENAMED_KEYS, changed_default_notes, legacy_scale_rewards, removed_key_is_error
 from .model_config import ModelConfig
 from .recipes import load_recipe
 from .redaction import is_secret_env, is_secret_field, redact, register
@@ -523,7 +523,7 @@ def _migrate(key, value, source, report):
     """(key, value, source) after the migrations table; key None when the key is dropped."""
     if key in RENAMED_KEYS:
         new, why = RENAMED_KEYS[key]
-        if key in REMOVED_KEY_ERRORS:
+        if removed_key_is_error(key, value):
             report.problems.append(Problem(key, why, value, source=source))
             return None, value, source
         if new is None:

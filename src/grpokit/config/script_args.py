@@ -71,7 +71,7 @@ class GRPOScriptArguments(ScriptArguments):
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Reward functions: built-in names (see `grpokit recipes` and the README), dotted import paths "
+            "help": "Reward functions: built-in names (`grpokit rewards` lists them), dotted import paths "
             "(`my_pkg.rewards.fn`), or in YAML `{name: ..., kwargs: {...}}` entries."
         },
     )

@@ -10,8 +10,9 @@ import dataclasses
 
 # field -> why it is not available yet
 NOT_IMPLEMENTED: dict[str, str] = {
-    "code_eval_scoring_mode": "it scores open-r1's Codeforces reward (cf_code), which grpokit does not have; the code "
-    "and binary_code rewards score the fraction of tests passed and pass/fail",
+    "code_eval_scoring_mode": "it scores open-r1's Codeforces reward (cf_code), which grpokit refuses by design (its "
+    "checkers run only on open-r1's remote Piston/Morph graders); the code and binary_code rewards score the fraction "
+    "of tests passed and pass/fail",
     "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
     "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
     "max_tool_calling_iterations": "tool-calling agents are not supported yet",

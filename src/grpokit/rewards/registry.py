@@ -54,12 +54,32 @@ MATH_REWARD_NAMES = frozenset(
     {"accuracy_reward", "reasoning_accuracy_reward", "accuracy", "length", "cosine", "get_cosine_scaled_reward"}
 )
 
+# Built-ins that run the completion's program in the local sandbox (bubblewrap; see grpokit.rewards.sandbox).
+SANDBOX_REWARD_NAMES = frozenset({"code", "binary_code", "ioi_code"})
+
+# open-r1 rewards grpokit refuses by design: name -> why (one line, in place of "unknown reward name").
+REFUSED_REWARDS: dict[str, str] = {
+    "cf_code": "open-r1's Codeforces reward is not available by design: Codeforces problems are judged by their "
+    "checker programs, which run only on open-r1's remote Piston/Morph graders (grpokit runs code locally and "
+    "offline); binary_code (pass/fail) or code (pass fraction) score stdin/stdout tests in the local sandbox",
+}
+
 _SPEC_KEYS = ("name", "kwargs")
 
 
 def reward_names() -> list[str]:
     """All built-in reward names (plain functions and factories), sorted."""
     return sorted({*REWARD_FUNCS, *REWARD_FACTORIES})
+
+
+def reward_kwargs(name: str) -> dict[str, Any]:
+    """{kwarg: default} that the built-in `name` accepts in a `{"name": ..., "kwargs": {...}}` spec, in signature order;
+    `inspect.Parameter.empty` marks a required one. The same rule as resolution's (`_parameters`)."""
+    factory = name in REWARD_FACTORIES
+    fn = REWARD_FACTORIES[name] if factory else REWARD_FUNCS[name]
+    accepted, _ = _parameters(fn, factory=factory, strict=True)
+    params = inspect.signature(fn).parameters
+    return {p: params[p].default for p in (accepted or [])}
 
 
 def _did_you_mean(word: str, candidates: Any) -> str:
@@ -274,6 +294,8 @@ def _resolve_name(name: str, label: str, kwargs: dict, defaults: Mapping, *, fro
         return _bind(fn, kwargs)
     if name in REWARD_FACTORIES:
         return _call_factory(REWARD_FACTORIES[name], label, name, kwargs, defaults)
+    if name in REFUSED_REWARDS:
+        raise ValueError(f"reward {label}: {REFUSED_REWARDS[name]}")
     if "." not in name:
         hint = _did_you_mean(name, reward_names())
         if not hint:

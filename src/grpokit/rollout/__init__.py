@@ -8,7 +8,7 @@ data order (each prompt repeated once per generation) in `sampler.py`; the few c
 from grpokit.dist import LOCAL, AcceleratorCollective, Collective
 
 from .rewards import RewardError, RewardFunctions
-from .rollout import Rollout, RolloutSettings, produce_rollout
+from .rollout import Rollout, RolloutSettings, generate_completions, produce_rollout
 from .sampler import RepeatSampler
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "RewardFunctions",
     "Rollout",
     "RolloutSettings",
+    "generate_completions",
     "produce_rollout",
 ]

@@ -6,6 +6,7 @@ optional log-probability scorers, the cross-process collective), so it runs and 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -29,6 +30,10 @@ from .rewards import RewardError, RewardFunctions, column_values
 
 # (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
 LogpsFn = Callable[[Tensor, Tensor, int], Tensor]
+
+# TRL 1.16's `GRPOTrainer._generate(prompts)` result, one entry per prompt in each list: (prompt_ids, completion_ids,
+# tool_mask, completions, logprobs, extra_fields, images, tool_images); see `generate_completions`.
+GenerateFn = Callable[[list], tuple]
 
 # Fields of a rollout that training consumes, split into micro-batches along dim 0 (others are replicated).
 ROW_FIELDS = (
@@ -152,6 +157,7 @@ def produce_rollout(
     reward_kwargs: dict[str, Any] | None = None,
     dist: Collective = LOCAL,
     device: torch.device | str = "cpu",
+    generate: GenerateFn | None = None,
 ) -> Rollout:
     """Generate, score and compute advantages for `rows` (dataset rows, each prompt already repeated once per
     generation, groups consecutive across the processes' batches in process order).
@@ -161,18 +167,14 @@ def produce_rollout(
         old_logps_fn: scores the completions under the current policy; None when updates are on-policy.
         ref_logps_fn: scores them under the reference model; None when beta = 0.
         reward_kwargs: extra keywords for reward functions (`trainer_state`, `log_extra`, `log_metric`).
+        generate: replaces `generate_completions` (the trainer passes its `_generate`, TRL's hook); its extra fields
+            reach the reward functions as columns.
     """
     prompts = [row["prompt"] for row in rows]
-    prompt_id_lists = encode_prompts(
-        tokenizer,
-        prompts,
-        max_prompt_length=settings.max_prompt_length,
-        chat_template_kwargs=settings.chat_template_kwargs,
-    )
-    check_prompt_lengths(prompt_id_lists, prompts, settings.max_completion_length, settings.max_positions)
-    generated = generator.generate(prompt_id_lists)
-    completion_id_lists = generated.completion_ids
-    completions = decode_completions(tokenizer, completion_id_lists, conversational=is_conversational(prompts[0]))
+    if generate is None:
+        generate = functools.partial(generate_completions, tokenizer=tokenizer, generator=generator, settings=settings)
+    prompt_id_lists, completion_id_lists, completions, logprobs, extra_fields = _generated(generate(prompts))
+    columns = {**column_values(rows), **_extra_columns(extra_fields, len(rows))}
 
     batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)
     truncated = torch.tensor(
@@ -188,15 +190,15 @@ def produce_rollout(
         old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep) if old_logps_fn else None
         ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep) if ref_logps_fn else None
     sampling_logps = None
-    if generated.logprobs is not None:
+    if logprobs is not None:
         sampling_logps = pad(
-            generated.logprobs, value=0.0, side="right", multiple_of=settings.pad_to_multiple_of, dtype=torch.float32
+            logprobs, value=0.0, side="right", multiple_of=settings.pad_to_multiple_of, dtype=torch.float32
         ).to(device)  # (B, C)
     correction = _sampling_correction(old_logps, sampling_logps, batch["completion_mask"], settings, dist)
     importance_sampling_ratio = correction.pop("ratio", None)
 
     local_rewards = _agreed_rewards(
-        dist, rewards, prompts, completions, completion_id_lists, column_values(rows), **(reward_kwargs or {})
+        dist, rewards, prompts, completions, completion_id_lists, columns, **(reward_kwargs or {})
     )  # (B, F)
     all_rewards = dist.gather(local_rewards.to(device))  # (N, F): groups may span processes
     advantage_kwargs = dict(
@@ -229,6 +231,44 @@ def produce_rollout(
         metrics=metrics,
         unscorable=bool(torch.isnan(all_rewards).all()),
     )
+
+
+def generate_completions(
+    prompts: list, *, tokenizer, generator: GenerationBackend, settings: RolloutSettings
+) -> tuple:
+    """Tokenize `prompts` (text or messages), generate one completion per prompt with `generator`, and decode them,
+    returning what TRL 1.16's `GRPOTrainer._generate` returns: `(prompt_ids, completion_ids, tool_mask, completions,
+    logprobs, extra_fields, images, tool_images)`, lists with one entry per prompt; `logprobs` None where the backend
+    samples from the training model itself; no tools or images here (`None`, `{}`, `None`, `[]`)."""
+    prompt_ids = encode_prompts(
+        tokenizer,
+        prompts,
+        max_prompt_length=settings.max_prompt_length,
+        chat_template_kwargs=settings.chat_template_kwargs,
+    )
+    check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
+    generated = generator.generate(prompt_ids)
+    completions = decode_completions(tokenizer, generated.completion_ids, conversational=is_conversational(prompts[0]))
+    return prompt_ids, generated.completion_ids, None, completions, generated.logprobs, {}, None, []
+
+
+def _generated(output: tuple) -> tuple:
+    """`(prompt_ids, completion_ids, completions, logprobs, extra_fields)` of a `_generate` result (TRL's 8-tuple).
+    A tool mask or images (TRL's tool loop, vision models) are refused in one line: nothing here would train on them
+    correctly, and dropping them silently would train on tool output as if the model had written it."""
+    prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = output
+    if tool_mask is not None or images is not None or any(tool_images or []):
+        raise ValueError(
+            "_generate returned a tool_mask, images or tool_images: tool calling and images are not supported yet; "
+            "return None, None and [] for them"
+        )
+    return prompt_ids, completion_ids, completions, logprobs, dict(extra_fields or {})
+
+
+def _extra_columns(extra_fields: dict[str, Any], rows: int) -> dict[str, list]:
+    """Extra fields of `_generate` as reward columns, as TRL merges them: a list gives one value per row, anything
+    else is the value of every row."""
+    return {k: list(v) if isinstance(v, list) else [v] * rows for k, v in extra_fields.items()}
 
 
 def _agreed_rewards(dist: Collective, rewards: RewardFunctions, *args, **kwargs) -> Tensor:
