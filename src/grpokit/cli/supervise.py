@@ -20,12 +20,13 @@ SUPERVISED_ENV = "GRPOKIT_SUPERVISED"
 
 
 def wanted(argv: list[str]) -> bool:
-    """Whether this command line is a training run to supervise from here: `train` (not its help), in a process
-    that is neither the supervised child nor one a launcher started (the launcher watches those)."""
+    """Whether this command line is a training run to supervise from here: `train` (not its help) or bare
+    `grpokit` (the demo), in a process that is neither the supervised child nor one a launcher started (the launcher
+    watches those)."""
     from grpokit.launch import under_launcher
 
     return (
-        argv[:1] == ["train"]
+        argv[:1] in (["train"], [])
         and not any(a in ("-h", "--help", "--help-all") for a in argv)
         and SUPERVISED_ENV not in os.environ
         and not under_launcher()
