@@ -337,7 +337,7 @@ def test_demo_really_runs_two_processes(tmp_path, preset, extra):
     command += ["--num_processes", "2", "--main_process_port", str(_free_port())]
     command += ["--max_steps", "2", "--logging_steps", "1", "--output_dir", str(out)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (result.stdout[-1500:], result.stderr[-3000:])
     assert f"grpokit: 2 process(es) with accelerate config {preset}" in result.stderr
     # Rank 0 derived the generation batch for 2 processes: 32 completions per process x 2 processes x 1 step.
     assert "generation_batch_size=64" in (out / "resolved_config.yaml").read_text()
