@@ -92,3 +92,33 @@ class AcceleratorCollective:
         from accelerate.utils import broadcast_object_list
 
         return broadcast_object_list([obj], from_process=0)[0]
+
+
+def leave_process_group() -> None:
+    """Leave the default process group, if any, with nothing still holding it. A trainer's reference cycles keep the
+    DDP-wrapped model, and through it gloo's group and worker threads, alive past the run; torn down by interpreter
+    finalization, they can abort a process whose training succeeded ("terminate called without an active
+    exception"). They are collected here, while the interpreter is whole."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; a failed teardown must not hide the run's result
+            pass
+
+
+_leaving_at_exit = False
+
+
+def leave_process_group_at_exit() -> None:
+    """Have `leave_process_group` run at exit (once), for scripts that train under a launcher and never leave it."""
+    global _leaving_at_exit
+    if not _leaving_at_exit:
+        import atexit
+
+        atexit.register(leave_process_group)
+        _leaving_at_exit = True

@@ -25,24 +25,9 @@ def run_train(argv) -> int:
             return run_demo(argv[1:] if argv else [])
         return _train(argv, relaunch_argv=argv)
     finally:
-        _close_process_group()
+        from grpokit.dist import leave_process_group
 
-
-def _close_process_group() -> None:
-    """Under a launcher, leave the process group before exiting: a group left to interpreter shutdown can abort the
-    process ("terminate called without an active exception") after training succeeded. The trainer's reference
-    cycles keep the DDP-wrapped model, and through it gloo's process group and worker threads, alive past the run;
-    they are collected here, while the interpreter is whole, not during its finalization."""
-    import gc
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        gc.collect()
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - exiting anyway; a failed teardown must not hide the run's result
-            pass
+        leave_process_group()  # under a launcher; see grpokit.dist
 
 
 def run_demo(extra_args) -> int:

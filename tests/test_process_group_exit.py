@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from grpokit.cli.train import _close_process_group
+from grpokit.dist import leave_process_group, leave_process_group_at_exit
 
 
 class _Owner:
@@ -29,7 +29,7 @@ def test_the_wrapped_model_is_gone_before_the_group_is_left(tmp_path):
         _Owner(model)
         del model
         assert alive() is not None  # a cycle: reference counting alone keeps it
-        _close_process_group()
+        leave_process_group()
         assert alive() is None
         assert not dist.is_initialized()
     finally:
@@ -40,5 +40,18 @@ def test_the_wrapped_model_is_gone_before_the_group_is_left(tmp_path):
 
 def test_without_a_group_nothing_happens():
     assert not dist.is_initialized()
-    _close_process_group()
+    leave_process_group()
     assert not dist.is_initialized()
+
+
+def test_registered_at_exit_once(monkeypatch):
+    import atexit
+
+    import grpokit.dist
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(grpokit.dist, "_leaving_at_exit", False)
+    leave_process_group_at_exit()
+    leave_process_group_at_exit()
+    assert registered == [leave_process_group]
