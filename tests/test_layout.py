@@ -188,7 +188,14 @@ MAY_IMPORT = {
         "grpokit.trl_compat",
     }
     | LEAVES,
-    "grpokit.trl_compat": {"grpokit.algorithms", "grpokit.dist", "grpokit.rollout"},
+    "grpokit.trl_compat": {
+        "grpokit.agents",
+        "grpokit.algorithms",
+        "grpokit.dist",
+        "grpokit.generation",
+        "grpokit.rollout",
+    },
+    "grpokit.agents": {"grpokit.generation", "grpokit.dist"},
     "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch"},
     "grpokit.metrics": {"grpokit.algorithms", "grpokit.dist"},
     "grpokit.rollout": {

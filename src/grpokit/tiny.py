@@ -49,6 +49,39 @@ def _as_transformers_tokenizer(tok: Tokenizer):
     return fast
 
 
+TOOL_TOKENS = ["<|tool|>", "<tool_call>", "</tool_call>"]
+
+# A tool-capable template in the Hermes / Qwen style: the tools' schemas in a system turn, an assistant's calls as
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call> after its text, tool results in <|tool|> turns.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>' }}{% for tool in tools %}{{ tool | tojson }}{% endfor %}{{ '<eos>' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>' + (message['content'] or '') }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set arguments = call['function']['arguments'] %}"
+    "{{ '<tool_call>{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{ arguments if arguments is string else (arguments | tojson) }}{{ '}</tool_call>' }}"
+    "{% endfor %}{{ '<eos>' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<eos>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def build_tool_tokenizer(extra_chars: str = ""):
+    """`build_tokenizer`'s character-level tokenizer plus the single tokens <|tool|>, <tool_call> and </tool_call>
+    (ids after the other special tokens and the characters), with `TOOL_CHAT_TEMPLATE`: for agent tests and demos."""
+    from transformers import AddedToken
+
+    tokenizer = build_tokenizer(extra_chars)
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [*SPECIAL_TOKENS[4:], *(AddedToken(t, special=True) for t in TOOL_TOKENS)]}
+    )
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return tokenizer
+
+
 def build_word_tokenizer(vocab_size: int = 32768):
     """A word-level `PreTrainedTokenizerFast` with `vocab_size` entries: the special tokens, then the words
     `w0`, `w1`, ... (split on whitespace, decoded with spaces between words). For benchmarks that need a large

@@ -36,7 +36,7 @@ from .config.precision import hardware_problems, resolve_precision
 from .config.redaction import hidden_secrets
 from .config.rules import reference_problems, vllm_mode_warnings
 from .config.support import unsupported_settings
-from .dist import AcceleratorCollective
+from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
 from .launch import engine_problems, launch_problems, launched_engine
 from .metrics import MetricBuffers
@@ -51,7 +51,7 @@ from .trl_compat import TRLCompatMixin
 logger = logging.getLogger(__name__)
 
 # Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
-_TRL_ONLY_ARGUMENTS = ("quantization_config", "tools", "rollout_func", "environment_factory")
+_TRL_ONLY_ARGUMENTS = ("quantization_config",)
 
 
 def identity(rows):
@@ -97,13 +97,14 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
-        _check_before_loading(args, reward_funcs, train_dataset, trl_only)
+        owned_rewards = self._take_agent_arguments(args, trl_only)  # tools, environments, rollout_func: grpokit.agents
+        _check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
         resolve_precision(args)
         set_wandb_environment(args)
 
         # Rewards first: a reward that cannot run here (e.g. the code sandbox) is refused before the policy loads.
         self.rewards = build_reward_functions(
-            reward_funcs,
+            reward_funcs + owned_rewards,
             _as_list(reward_processing_classes),
             model_init_kwargs=args.model_init_kwargs,
             trust_remote_code=args.trust_remote_code,
@@ -132,6 +133,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 "GRPOTrainer does not support nn.DataParallel (several GPUs in one process): launch with "
                 "`accelerate launch` or `torchrun`, or expose one GPU with CUDA_VISIBLE_DEVICES"
             )
+        self._check_agent_tokenizer()
         self._init_state(args)
         self._warn_as_trl(args)
         self._place_auxiliary_models()
@@ -157,6 +159,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
 
     def _init_state(self, args):
         self._dist = AcceleratorCollective(self.accelerator)
+        if self._dist.num_processes > 1:
+            leave_process_group_at_exit()  # see grpokit.dist: a script's process must not abort at exit
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
@@ -267,6 +271,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self._synced_step = self.state.global_step
             self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+        rows = self._start_agent_batch(rows)  # environments reset with their rows (may extend the prompts)
         rollout = produce_rollout(
             rows,
             tokenizer=self.processing_class,
@@ -280,6 +285,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 "trainer_state": self.state,
                 "log_extra": self._completion_log.add_extra,
                 "log_metric": self._metrics.report,
+                **({"environments": self.environments} if self.environments is not None else {}),
             },
             dist=self._dist,
             device=self.accelerator.device,
@@ -330,7 +336,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self.state.num_input_tokens_seen += rollout.num_tokens
         metrics = self._metrics[mode]
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        for name, value in rollout.metrics.items():
+        for name, value in {**rollout.metrics, **self._agent_metrics()}.items():
             metrics[name].append(value)
         self._metrics.add_reported(mode)  # what reward functions logged with log_metric
         self._completion_log.add_rollout(rollout, self.reward_func_names, self._dist)
@@ -341,12 +347,13 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         if return_outputs:
             raise ValueError("GRPOTrainer.compute_loss does not return model outputs")
         args, mode = self.args, "train" if self.model.training else "eval"
-        mask = inputs["completion_mask"]  # (B, C)
+        attention = inputs["completion_mask"]  # (B, C); tool turns (tool_mask 0) are seen, never trained on
+        mask = attention if inputs.get("tool_mask") is None else attention * inputs["tool_mask"]
         with self.accelerator.autocast():
             scores = score_tokens(
                 model,
                 torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
-                torch.cat([inputs["prompt_mask"], mask], dim=1),
+                torch.cat([inputs["prompt_mask"], attention], dim=1),
                 mask.size(1),
                 temperature=args.temperature,
                 compute_entropy=True,  # logged; with a gradient only for the entropy bonus
@@ -547,7 +554,7 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
+def _check_before_loading(args, reward_funcs, train_dataset, trl_only, owned_rewards: bool = False) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
     for name, value in trl_only.items():
@@ -569,8 +576,11 @@ def _check_before_loading(args, reward_funcs, train_dataset, trl_only) -> None:
     )
     if engine["deepspeed_stage"] != 3 and not args.ds3_gather_for_generation:
         logger.warning("ds3_gather_for_generation=False has no effect: DeepSpeed ZeRO-3 is not running")
-    if not reward_funcs:
-        problems.append("reward_funcs: at least one reward function or reward model is needed")
+    if not reward_funcs and not owned_rewards:
+        problems.append(
+            "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines a "
+            "`get_reward` method."
+        )
     if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):
         problems.append(
             f"reward_weights={args.reward_weights!r}: {len(args.reward_weights)} weights for {len(reward_funcs)} "

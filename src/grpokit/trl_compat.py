@@ -1,6 +1,7 @@
 """The surface of TRL 1.16's `GRPOTrainer` that users' subclasses, callbacks and tests touch by name, as a mixin of
 `grpokit.trainer.GRPOTrainer`: the entropy and off-policy mask helpers, the `_generate` hook, the entropy-bonus
-predicate, `reward_processing_classes`, and the warnings TRL gives at construction.
+predicate, `reward_processing_classes`, the warnings TRL gives at construction, and the agent arguments (`tools`,
+`environment_factory`, `rollout_func`; see `grpokit.agents`).
 
 Each helper is a thin wrapper over grpokit's own functions (`grpokit.algorithms`, `grpokit.rollout`), with TRL's
 signature and results, and the trainer calls it where TRL does, so a subclass overriding one changes training as it
@@ -14,9 +15,11 @@ import logging
 
 import torch
 
+from .agents import Agent, EnvironmentProblem, TemplateError, ToolError
 from .algorithms import off_policy_mask
 from .algorithms.entropy_control import high_entropy_mask
 from .dist import AcceleratorCollective
+from .generation import decode_completions, is_conversational
 from .rollout.rollout import RolloutSettings, generate_completions
 
 logger = logging.getLogger(__name__)
@@ -107,9 +110,118 @@ class TRLCompatMixin:
         return keep.to(mask.dtype)
 
     def _rollout_settings(self, mode: str) -> RolloutSettings:
-        """What shapes this round's rollout ("train" or "eval"), with the policy's positions."""
+        """What shapes this round's rollout ("train" or "eval"), with the policy's positions. The environments'
+        own rewards (`get_reward`) come after the run's reward functions, with weight 1 each, as in TRL."""
         positions = getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None)
-        return RolloutSettings.from_config(self.args, self._num_generations(mode), max_positions=positions)
+        settings = RolloutSettings.from_config(self.args, self._num_generations(mode), max_positions=positions)
+        owned = len(self.agent.reward_functions()) if self.agent is not None else 0
+        if owned and settings.reward_weights is not None:
+            settings.reward_weights = [*settings.reward_weights, *[1.0] * owned]
+        return settings
+
+    # ---- agents: TRL 1.16's tools, environment_factory and rollout_func
+
+    def _take_agent_arguments(self, args, trl_only: dict) -> list:
+        """Take `tools`, `environment_factory` and `rollout_func` out of the constructor's extra arguments and set
+        up `self.agent` and `self.rollout_func`, before any model loads; returns the environments' reward
+        functions. Every problem is one line (ValueError)."""
+        tools = trl_only.pop("tools", None)
+        factory = trl_only.pop("environment_factory", None)
+        self.rollout_func = trl_only.pop("rollout_func", None)
+        self.agent = None
+        if self.rollout_func is not None and not callable(self.rollout_func):
+            raise ValueError(f"rollout_func: {self.rollout_func!r} is not callable")
+        if self.rollout_func is not None and (tools or factory):
+            raise ValueError(
+                "rollout_func with tools or environment_factory: running the tool loop on a custom rollout's output is "
+                "not supported yet; run the tools inside rollout_func (return env_mask to mask their tokens)"
+            )
+        if not (tools or factory):
+            if args.max_tool_calling_iterations is not None:
+                raise ValueError(
+                    f"max_tool_calling_iterations={args.max_tool_calling_iterations}: it caps the tool loop, and "
+                    "there are no tools; pass tools or environment_factory, or leave it unset"
+                )
+            return []
+        if tools is not None and (isinstance(tools, (str, bytes)) or not all(callable(t) for t in tools)):
+            raise ValueError(f"tools: a list of functions is expected, got {tools!r}")
+        try:
+            self.agent = Agent(
+                tools,
+                factory,
+                max_iterations=args.max_tool_calling_iterations,
+                timeout=getattr(args, "tool_timeout", None),
+            )
+        except (ToolError, EnvironmentProblem) as exc:
+            raise ValueError(str(exc)) from None
+        return self.agent.reward_functions()
+
+    def _check_agent_tokenizer(self) -> None:
+        """The tokenizer must render tools and tool turns, and its turns must be parseable for calls."""
+        if self.agent is not None:
+            try:
+                self.agent.check_tokenizer(self.processing_class, self.args.chat_template_kwargs, self._model_path)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from None
+
+    @property
+    def environments(self) -> list | None:
+        """This batch's environment instances, one per rollout (TRL's attribute; None without environments)."""
+        return None if self.agent is None else self.agent.instances
+
+    @property
+    def tools(self) -> list:
+        """The standalone tools (TRL's attribute lists the environments' methods too; these are per instance)."""
+        return [] if self.agent is None else list(self.agent.tools)
+
+    def _start_agent_batch(self, rows: list[dict]) -> list[dict]:
+        """Rows with their prompts as the environments' `reset` extended them (the dataset's rows untouched)."""
+        if self.agent is None:
+            return rows
+        prompts = self.agent.start(rows)
+        return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
+
+    def _agent_metrics(self) -> dict[str, float]:
+        """TRL's tool metrics for the latest batch, over all processes: calls per completion, failed calls per call."""
+        loop = None if self.agent is None else self.agent.last
+        if loop is None:
+            return {}
+        dist = AcceleratorCollective(self.accelerator)
+        counts = dist.gather_object([(len(loop.completion_ids), loop.num_calls, loop.num_failures)])
+        rollouts, calls, failures = (sum(c[k] for c in counts) for k in range(3))
+        return {
+            "tools/call_frequency": calls / max(rollouts, 1),
+            "tools/failure_frequency": failures / calls if calls else 0.0,
+        }
+
+    def _custom_rollout(self, prompts: list) -> tuple:
+        """TRL's `rollout_func(prompts, trainer)`: a dict with prompt_ids, completion_ids and logprobs (one entry per
+        prompt); `env_mask` becomes the tool mask; every other key goes to the reward functions as a column."""
+        output = self.rollout_func(prompts, self)
+        if not isinstance(output, dict):
+            raise ValueError(f"rollout_func must return a dict, got {type(output).__name__}")
+        missing = sorted({"prompt_ids", "completion_ids", "logprobs"} - output.keys())
+        if missing:
+            raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+        extra = {k: v for k, v in output.items() if k not in ("prompt_ids", "completion_ids", "logprobs")}
+        env_mask = extra.pop("env_mask", None)
+        prompt_ids = [list(ids) for ids in output["prompt_ids"]]
+        completion_ids = [list(ids) for ids in output["completion_ids"]]
+        logprobs = output["logprobs"]
+        for name, values in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids), ("logprobs", logprobs)):
+            if values is not None and len(values) != len(prompts):
+                raise ValueError(f"rollout_func returned {len(values)} {name} for {len(prompts)} prompts")
+        if logprobs is not None:
+            logprobs = [list(lp) for lp in logprobs]
+            for i, (lp, ids) in enumerate(zip(logprobs, completion_ids, strict=True)):
+                if len(lp) != len(ids):
+                    raise ValueError(
+                        f"rollout_func: logprobs of completion {i} has {len(lp)} values for {len(ids)} tokens"
+                    )
+        completions = decode_completions(
+            self.processing_class, completion_ids, conversational=is_conversational(prompts[0])
+        )
+        return prompt_ids, completion_ids, env_mask, completions, logprobs, extra, None, []
 
     def _generate(self, prompts: list) -> tuple:
         """TRL 1.16's generation hook: every rollout generates through it, whatever the backend (transformers, vLLM
@@ -120,11 +232,23 @@ class TRLCompatMixin:
         tool_mask, completions, logprobs, extra_fields, images, tool_images)`: token id lists (completions unpadded,
         ending at the first EOS when there is one), decoded completions (assistant messages for conversational
         prompts), the sampler's per-token log-probabilities or None, and a dict of extra fields handed to the reward
-        functions as columns (a list: one value per prompt). Tools and images are not supported yet: `tool_mask` and
-        `images` must be None and `tool_images` empty. Unlike TRL's, it logs nothing: the rollout logs lengths and
+        functions as columns (a list: one value per prompt). `tool_mask`: 0 on completion tokens the model did not
+        write (tool turns), 1 elsewhere, or None. Images are not supported yet: `images` must be None and
+        `tool_images` empty. Unlike TRL's, it logs nothing: the rollout logs lengths and
         token counts from what it returns, overridden or not.
         """
         mode = "train" if self.model.training else "eval"
+        settings = self._rollout_settings(mode)
+        if self.rollout_func is not None:
+            return self._custom_rollout(prompts)
+        if self.agent is not None:
+            return self.agent.generate(
+                prompts,
+                tokenizer=self.processing_class,
+                generator=self.generator,
+                settings=settings,
+                dist=AcceleratorCollective(self.accelerator),
+            )
         return generate_completions(
-            prompts, tokenizer=self.processing_class, generator=self.generator, settings=self._rollout_settings(mode)
+            prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings
         )

@@ -80,12 +80,28 @@ def test_an_extra_field_that_is_not_a_list_goes_to_every_row(tiny_model, tiny_to
     assert seen == [[3, 3, 3, 3]]
 
 
-def test_a_tool_mask_is_refused_in_one_line(tiny_model, tiny_tokenizer, dataset, make_args):
-    class WithTools(GRPOTrainer):
+def test_a_tool_mask_from_an_override_masks_the_loss(tiny_model, tiny_tokenizer, dataset, make_args):
+    """An override's tool mask reaches the rollout: tokens it marks 0 leave the loss's token count; a mask of the
+    wrong length is one line."""
+
+    class FirstTokenIsTool(GRPOTrainer):
         def _generate(self, prompts):
             prompt_ids, completion_ids, _, *rest = super()._generate(prompts)
-            return prompt_ids, completion_ids, [[1] * len(ids) for ids in completion_ids], *rest
+            return prompt_ids, completion_ids, [[0] + [1] * (len(ids) - 1) for ids in completion_ids], *rest
 
-    trainer = build(WithTools, tiny_model, tiny_tokenizer, dataset, make_args(max_steps=1))
-    with pytest.raises(ValueError, match="tool calling and images are not supported yet"):
+    trainer = build(FirstTokenIsTool, tiny_model, tiny_tokenizer, dataset, make_args(max_steps=1))
+    rows = [dataset[i] for i in range(4)]
+    rollout = trainer._rollout(rows, "train")
+    lengths = rollout.completion_mask.sum(dim=1)
+    assert rollout.tool_mask[:, 0].tolist() == [0, 0, 0, 0]
+    assert int(rollout.num_items_in_batch) == int(lengths.sum()) - 4
+    assert rollout.metrics["completions/mean_length"] == (lengths.float().mean() - 1).item()
+
+    class WrongLength(GRPOTrainer):
+        def _generate(self, prompts):
+            prompt_ids, completion_ids, _, *rest = super()._generate(prompts)
+            return prompt_ids, completion_ids, [[1] for _ in completion_ids], *rest
+
+    trainer = build(WrongLength, tiny_model, tiny_tokenizer, dataset, make_args(max_steps=1))
+    with pytest.raises(ValueError, match=r"tool_mask \(or env_mask\) of completion 0: 1 values for \d+ completion"):
         trainer.train()

@@ -22,16 +22,23 @@ def encode_prompts(
     *,
     max_prompt_length: int | None = None,
     chat_template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> list[list[int]]:
     """Token ids of each prompt, cut from the left to at most `max_prompt_length` tokens.
 
     Conversational prompts go through the chat template with the generation prompt appended; text prompts through
     the tokenizer (with its special tokens, as TRL does). Cutting from the left keeps the end of the prompt, the part
-    the completion continues.
+    the completion continues. `tools` (JSON schemas) are rendered by the chat template, for an agent's prompts.
     """
     if is_conversational(prompts[0]):
+        with_tools = {"tools": tools} if tools else {}  # not `tools=[]`: some templates render tool text for it
         encoded = tokenizer.apply_chat_template(
-            list(prompts), add_generation_prompt=True, tokenize=True, return_dict=True, **(chat_template_kwargs or {})
+            list(prompts),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **with_tools,
+            **(chat_template_kwargs or {}),
         )["input_ids"]
     else:
         encoded = tokenizer(text=list(prompts))["input_ids"]

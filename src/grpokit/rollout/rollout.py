@@ -41,6 +41,7 @@ ROW_FIELDS = (
     "prompt_mask",
     "completion_ids",
     "completion_mask",
+    "tool_mask",
     "advantages",
     "old_logps",
     "ref_logps",
@@ -103,7 +104,8 @@ class Rollout:
 
     Row tensors (B rows of this process; P prompt and C completion positions) are on the training device:
     prompt ids left-padded, completion ids right-padded, `completion_mask` 1 up to and including the first EOS
-    (all 0 for a truncated completion when `mask_truncated_completions`).
+    (all 0 for a truncated completion when `mask_truncated_completions`). With tools, `tool_mask` marks the tool
+    turns inside completions: attention sees them, the loss does not (`loss_mask`).
     """
 
     prompt_ids: Tensor  # (B, P)
@@ -111,7 +113,8 @@ class Rollout:
     completion_ids: Tensor  # (B, C)
     completion_mask: Tensor  # (B, C)
     advantages: Tensor  # (B,)
-    num_items_in_batch: Tensor  # () active completion tokens of the generation batch, all processes
+    num_items_in_batch: Tensor  # () tokens the loss counts in the generation batch (model-written), all processes
+    tool_mask: Tensor | None = None  # (B, C) 0 on tokens the model did not write (tool turns), 1 elsewhere; None: all
     old_logps: Tensor | None = None  # (B, C) under the policy that generated, when updates are off-policy
     ref_logps: Tensor | None = None  # (B, C) under the reference model, when beta > 0
     sampling_logps: Tensor | None = None  # (B, C) the generation backend's own logprobs (vLLM), NaN where unknown
@@ -124,6 +127,11 @@ class Rollout:
     num_tokens: int = 0  # prompt + completion tokens generated with, all processes
     metrics: dict[str, float] = field(default_factory=dict)
     unscorable: bool = False  # every reward of every completion, all processes, was None/NaN: zero advantages
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, C) the tokens the loss, entropy and importance weights count: the model's own."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     def micro_batches(self, n: int, *, shuffle: bool = True) -> list[dict[str, Tensor]]:
         """The rows split into `n` equal micro-batches (after a random permutation when `shuffle`), as dicts of the
@@ -173,7 +181,9 @@ def produce_rollout(
     prompts = [row["prompt"] for row in rows]
     if generate is None:
         generate = functools.partial(generate_completions, tokenizer=tokenizer, generator=generator, settings=settings)
-    prompt_id_lists, completion_id_lists, completions, logprobs, extra_fields = _generated(generate(prompts))
+    prompt_id_lists, completion_id_lists, tool_masks, completions, logprobs, extra_fields = _generated(
+        generate(prompts)
+    )
     columns = {**column_values(rows), **_extra_columns(extra_fields, len(rows))}
 
     batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)
@@ -182,6 +192,10 @@ def produce_rollout(
     )
     if settings.mask_truncated_completions:
         batch["completion_mask"] = batch["completion_mask"] * (~truncated).unsqueeze(1).long()
+    tool_mask = None
+    if tool_masks is not None:  # padded with 1: padding is already outside completion_mask
+        tool_mask = pad(tool_masks, value=1, side="right", multiple_of=settings.pad_to_multiple_of).to(device)
+    loss_mask = batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
 
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+C)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+C)
@@ -194,7 +208,7 @@ def produce_rollout(
         sampling_logps = pad(
             logprobs, value=0.0, side="right", multiple_of=settings.pad_to_multiple_of, dtype=torch.float32
         ).to(device)  # (B, C)
-    correction = _sampling_correction(old_logps, sampling_logps, batch["completion_mask"], settings, dist)
+    correction = _sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist)
     importance_sampling_ratio = correction.pop("ratio", None)
 
     local_rewards = _agreed_rewards(
@@ -210,7 +224,9 @@ def produce_rollout(
     local = slice(dist.process_index * len(rows), (dist.process_index + 1) * len(rows))
 
     prompt_lengths = torch.tensor([len(ids) for ids in prompt_id_lists], device=device)
-    completion_lengths = torch.tensor([len(ids) for ids in completion_id_lists], device=device)
+    # The model's own tokens: a tool turn inside a completion is not part of its length (as TRL counts).
+    own = completion_id_lists if tool_masks is None else [[1] * sum(mask) for mask in tool_masks]
+    completion_lengths = torch.tensor([len(ids) for ids in own], device=device)
     all_completion_lengths = dist.gather(completion_lengths)
     metrics = _length_metrics(all_completion_lengths, dist.gather(truncated))
     metrics.update(_reward_metrics(all_rewards, settings.num_generations, rewards.names, advantage_kwargs))
@@ -218,7 +234,8 @@ def produce_rollout(
     return Rollout(
         **batch,
         advantages=all_advantages[local],
-        num_items_in_batch=dist.sum(batch["completion_mask"].sum()),
+        num_items_in_batch=dist.sum(loss_mask.sum()),
+        tool_mask=tool_mask,
         old_logps=old_logps,
         ref_logps=ref_logps,
         sampling_logps=sampling_logps,
@@ -239,7 +256,7 @@ def generate_completions(
     """Tokenize `prompts` (text or messages), generate one completion per prompt with `generator`, and decode them,
     returning what TRL 1.16's `GRPOTrainer._generate` returns: `(prompt_ids, completion_ids, tool_mask, completions,
     logprobs, extra_fields, images, tool_images)`, lists with one entry per prompt; `logprobs` None where the backend
-    samples from the training model itself; no tools or images here (`None`, `{}`, `None`, `[]`)."""
+    samples from the training model itself; no tool mask or images here (`None`, `{}`, `None`, `[]`)."""
     prompt_ids = encode_prompts(
         tokenizer,
         prompts,
@@ -253,16 +270,21 @@ def generate_completions(
 
 
 def _generated(output: tuple) -> tuple:
-    """`(prompt_ids, completion_ids, completions, logprobs, extra_fields)` of a `_generate` result (TRL's 8-tuple).
-    A tool mask or images (TRL's tool loop, vision models) are refused in one line: nothing here would train on them
-    correctly, and dropping them silently would train on tool output as if the model had written it."""
+    """`(prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields)` of a `_generate` result (TRL's
+    8-tuple). Images (vision models) are refused in one line: dropping them silently would train on a prompt the
+    model never saw. A tool mask must have one entry per completion token."""
     prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = output
-    if tool_mask is not None or images is not None or any(tool_images or []):
-        raise ValueError(
-            "_generate returned a tool_mask, images or tool_images: tool calling and images are not supported yet; "
-            "return None, None and [] for them"
-        )
-    return prompt_ids, completion_ids, completions, logprobs, dict(extra_fields or {})
+    if images is not None or any(tool_images or []):
+        raise ValueError("_generate returned images or tool_images: images are not supported yet; return None and []")
+    if tool_mask is not None:
+        tool_mask = [list(mask) for mask in tool_mask]
+        for i, (mask, ids) in enumerate(zip(tool_mask, completion_ids, strict=True)):
+            if len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
+                raise ValueError(
+                    f"tool_mask (or env_mask) of completion {i}: {len(mask)} values for {len(ids)} completion tokens; "
+                    "give one 0 (not the model's) or 1 (the model's) per completion token"
+                )
+    return prompt_ids, completion_ids, tool_mask, completions, logprobs, dict(extra_fields or {})
 
 
 def _extra_columns(extra_fields: dict[str, Any], rows: int) -> dict[str, list]:

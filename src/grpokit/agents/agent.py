@@ -1,0 +1,126 @@
+"""`Agent`: what a rollout needs to train a tool-calling model: the tools (plain functions and environments'
+methods), the environments' instances for this batch, and the generation of a whole multi-turn rollout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from grpokit.dist import LOCAL, Collective
+from grpokit.generation import check_prompt_lengths, encode_prompts, is_conversational
+
+from .environments import Environments, environment_tools
+from .loop import LoopResult, run_tool_loop, tool_suffix_ids
+from .parsing import check_tool_template, parse_turn
+from .tools import ToolBox
+
+
+class Agent:
+    """Tools and environments, as `GRPOTrainer(tools=..., environment_factory=...)` takes them (TRL 1.16).
+
+    Args:
+        tools: sync or async functions with type hints and a Google-style docstring.
+        environment_factory: a no-argument callable returning an environment, or `{name: callable}` routed by the
+            rows' `environment` column (see `grpokit.agents.environments`).
+        max_iterations: the most tool rounds per rollout (`max_tool_calling_iterations`); None: no cap.
+        timeout: seconds one tool call may take before it ends with an error result; None: no limit.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Callable] | None = None,
+        environment_factory=None,
+        *,
+        max_iterations: int | None = None,
+        timeout: float | None = None,
+    ):
+        self.tools = list(tools or [])
+        self.environments = None if environment_factory is None else Environments(environment_factory)
+        self.max_iterations = max_iterations
+        self.timeout = timeout
+        probes = self.environments.probes() if self.environments is not None else {None: None}
+        # The schemas rendered into each environment's prompts (checked now: a tool that cannot be described is
+        # refused before any model loads).
+        self.schemas = {
+            name: ToolBox(self.tools + ([] if probe is None else environment_tools(probe))).schemas()
+            for name, probe in probes.items()
+        }
+        self._names: list = []
+        self._toolboxes: list[ToolBox] = []
+        self.last: LoopResult | None = None  # the latest batch's loop, for metrics and completion records
+
+    @property
+    def instances(self) -> list | None:
+        """This batch's environment instances, one per row (None without environments)."""
+        return None if self.environments is None else self.environments.instances
+
+    def reward_functions(self) -> list[Callable]:
+        """Reward functions the environments own (`get_reward`), to add after the run's reward functions."""
+        return [] if self.environments is None else self.environments.reward_functions()
+
+    def check_tokenizer(self, tokenizer, chat_template_kwargs: dict | None = None, name: str = "the tokenizer"):
+        check_tool_template(tokenizer, chat_template_kwargs, name)
+
+    def start(self, rows: list[dict]) -> list:
+        """Prepare a batch: each row gets its environment instance (reset with the row) and its tools; returns the
+        prompts, with what `reset` returned appended."""
+        self.last = None
+        prompts = [row.get("prompt", [{"role": "user", "content": ""}]) for row in rows]
+        if self.environments is None:
+            self._names = [None] * len(rows)
+            self._toolboxes = [ToolBox(self.tools, self.timeout)] * len(rows)
+            return prompts
+        prompts = self.environments.start(rows, prompts)
+        self._names = self.environments.names_of(rows)
+        self._toolboxes = [
+            ToolBox(self.tools + environment_tools(instance), self.timeout) for instance in self.environments.instances
+        ]
+        return prompts
+
+    def generate(self, prompts: list, *, tokenizer, generator, settings, dist: Collective = LOCAL) -> tuple:
+        """Generate whole rollouts for `prompts` (this batch's, after `start`): TRL's 8-tuple `(prompt_ids,
+        completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images)`, completions as message
+        lists (assistant and tool turns)."""
+        if not is_conversational(prompts[0]):
+            raise ValueError(
+                "tools need conversational prompts (lists of {'role', 'content'} messages): the chat template renders "
+                "the tools and the tool turns"
+            )
+        if len(self._toolboxes) != len(prompts):
+            raise ValueError("Agent.generate: call start(rows) for this batch first")
+        kwargs = dict(settings.chat_template_kwargs or {})
+        prompt_ids: list[Any] = [None] * len(prompts)
+        for name in dict.fromkeys(self._names):  # each environment's prompts with its own tools
+            rows = [i for i, n in enumerate(self._names) if n == name]
+            encoded = encode_prompts(
+                tokenizer,
+                [prompts[i] for i in rows],
+                max_prompt_length=settings.max_prompt_length,
+                chat_template_kwargs=kwargs,
+                tools=self.schemas[name] or None,
+            )
+            for i, ids in zip(rows, encoded, strict=True):
+                prompt_ids[i] = ids
+        check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
+        first = generator.generate(prompt_ids)
+
+        def parse(i: int, ids: list[int], prefix: list[int]) -> dict:
+            return parse_turn(tokenizer, ids, prefix=prefix, tools=self.schemas[self._names[i]] or None)
+
+        first_turns = [parse(i, ids, prompt_ids[i]) for i, ids in enumerate(first.completion_ids)]
+        self.last = run_tool_loop(
+            prompt_ids,
+            first.completion_ids,
+            first.logprobs,
+            first_turns,
+            toolboxes=self._toolboxes,
+            generate=generator.generate,
+            parse=parse,
+            suffix=lambda messages: tool_suffix_ids(tokenizer, messages, kwargs),
+            max_iterations=self.max_iterations,
+            max_completion_length=settings.max_completion_length,
+            max_positions=settings.max_positions,
+            dist=dist,
+        )
+        loop = self.last
+        return prompt_ids, loop.completion_ids, loop.tool_mask, loop.completions, loop.logprobs, {}, None, []
