@@ -97,7 +97,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
-        owned_rewards = self._take_agent_arguments(args, trl_only)  # tools, environments, rollout_func: grpokit.agents
+        owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
         _check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
         resolve_precision(args)
         set_wandb_environment(args)
@@ -336,7 +336,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self.state.num_input_tokens_seen += rollout.num_tokens
         metrics = self._metrics[mode]
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        for name, value in {**rollout.metrics, **self._agent_metrics()}.items():
+        for name, value in {**rollout.metrics, **self._agent_records()}.items():
             metrics[name].append(value)
         self._metrics.add_reported(mode)  # what reward functions logged with log_metric
         self._completion_log.add_rollout(rollout, self.reward_func_names, self._dist)

@@ -121,7 +121,7 @@ class TRLCompatMixin:
 
     # ---- agents: TRL 1.16's tools, environment_factory and rollout_func
 
-    def _take_agent_arguments(self, args, trl_only: dict) -> list:
+    def _take_agent_arguments(self, args, trl_only: dict, train_dataset=None) -> list:
         """Take `tools`, `environment_factory` and `rollout_func` out of the constructor's extra arguments and set
         up `self.agent` and `self.rollout_func`, before any model loads; returns the environments' reward
         functions. Every problem is one line (ValueError)."""
@@ -152,9 +152,26 @@ class TRLCompatMixin:
                 max_iterations=args.max_tool_calling_iterations,
                 timeout=getattr(args, "tool_timeout", None),
             )
+            self._check_routing(train_dataset)
         except (ToolError, EnvironmentProblem) as exc:
             raise ValueError(str(exc)) from None
         return self.agent.reward_functions()
+
+    def _check_routing(self, train_dataset) -> None:
+        """With environments by name, every row of the training set names one of them (checked before the model
+        loads, not at the batch that meets the bad row)."""
+        environments = self.agent.environments
+        if environments is None or not environments.routed or train_dataset is None:
+            return
+        columns = getattr(train_dataset, "column_names", None)
+        if columns is None:  # not a datasets.Dataset: checked batch by batch
+            return
+        if "environment" not in columns:
+            raise EnvironmentProblem(
+                "environment_factory is a mapping of environments, and train_dataset has no 'environment' column to "
+                "route each row to one; add the column or pass a single factory"
+            )
+        environments.names_of([{"environment": name} for name in set(train_dataset["environment"])])
 
     def _check_agent_tokenizer(self) -> None:
         """The tokenizer must render tools and tool turns, and its turns must be parseable for calls."""
@@ -181,11 +198,13 @@ class TRLCompatMixin:
         prompts = self.agent.start(rows)
         return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
 
-    def _agent_metrics(self) -> dict[str, float]:
-        """TRL's tool metrics for the latest batch, over all processes: calls per completion, failed calls per call."""
+    def _agent_records(self) -> dict[str, float]:
+        """TRL's tool metrics for the latest batch, over all processes (calls per completion, failed calls per call);
+        its calls go to the completion records (name, arguments, result, failed, seconds per call)."""
         loop = None if self.agent is None else self.agent.last
         if loop is None:
             return {}
+        self._completion_log.add_tool_calls([[dict(vars(call)) for call in calls] for calls in loop.calls])
         dist = AcceleratorCollective(self.accelerator)
         counts = dist.gather_object([(len(loop.completion_ids), loop.num_calls, loop.num_failures)])
         rollouts, calls, failures = (sum(c[k] for c in counts) for k in range(3))

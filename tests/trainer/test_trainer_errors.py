@@ -76,7 +76,9 @@ def test_trl_only_constructor_arguments_are_refused(make_args, dataset):
 
 
 def test_no_reward_is_refused(make_args, dataset):
-    with pytest.raises(ValueError, match="No reward source provided. Pass `reward_funcs`, or an `environment_factory`"):
+    with pytest.raises(
+        ValueError, match="No reward source provided. Pass `reward_funcs`, or an `environment_factory`"
+    ):
         GRPOTrainer("/nonexistent/model", None, args=make_args(), train_dataset=dataset)
 
 

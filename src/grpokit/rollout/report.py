@@ -13,8 +13,15 @@ from typing import Any
 
 def _text(entry: Any) -> str:
     if isinstance(entry, list) and all(isinstance(m, dict) for m in entry):
-        return " | ".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in entry)
+        return " | ".join(f"{m.get('role', '')}: {m.get('content', '')}{_calls_text(m)}" for m in entry)
     return str(entry)
+
+
+def _calls_text(message: dict) -> str:
+    """An assistant message's tool calls, as `name(arguments)` after its text."""
+    calls = message.get("tool_calls") or []
+    functions = [c.get("function", {}) if isinstance(c, dict) else {} for c in calls]
+    return "".join(f" [{f.get('name')}({json.dumps(f.get('arguments'), default=str)})]" for f in functions)
 
 
 def _cell(value: Any, width: int) -> str:
@@ -61,7 +68,7 @@ def completions_table(
     rows = select_rows(prompts, num_samples, unique_prompts=unique_prompts)
     extra = extra or {}
     headers = ["prompt", "completion", *rewards, "advantage", *extra]
-    widths = [text_width, text_width] + [max(9, len(h)) for h in headers[2:]]
+    widths = [text_width, text_width] + [text_width if h == "tools" else max(9, len(h)) for h in headers[2:]]
     body = []
     for i in rows:
         values = [prompts[i], completions[i], *(float(r[i]) for r in rewards.values()), float(advantages[i])]
@@ -87,6 +94,15 @@ def _json_float(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _calls_summary(calls: list[dict]) -> str:
+    """`name(arguments) -> result` per call, `!` marking a failed one; for the completions table."""
+    return "; ".join(
+        f"{'!' if c.get('failed') else ''}{c.get('name')}({json.dumps(c.get('arguments'), default=str)}) -> "
+        f"{c.get('result')}"
+        for c in calls
+    )
+
+
 class CompletionLog:
     """The prompts, completions, rewards and advantages of the latest generation batch (all processes), shown at
     each logging step when `log_completions` is on."""
@@ -97,11 +113,18 @@ class CompletionLog:
         self.extra = defaultdict(lambda: deque(maxlen=size))
         self.samples = deque(maxlen=size)  # one dict per completion: prompt, completion, rewards, advantage
         self._pending_extra = defaultdict(list)
+        self._pending_calls: list[list[dict]] = []
         self._unreported = False  # a rollout arrived since the last report
 
     def add_extra(self, column: str, values: list):
         """`log_extra` for reward functions: one more column of the completions table."""
         self._pending_extra[column].extend(values)
+
+    def add_tool_calls(self, calls: list[list[dict]]):
+        """This process's tool calls in the next rollout, one list per completion (dicts with name, arguments,
+        result, failed, seconds): written with each completion's record and summarised in the table's `tools`
+        column."""
+        self._pending_calls.extend(calls)
 
     def state_dict(self) -> dict:
         """Everything held, as plain lists and dicts (saved in checkpoints, so a resumed run logs the same)."""
@@ -113,6 +136,7 @@ class CompletionLog:
             "extra": {name: list(values) for name, values in self.extra.items()},
             "samples": list(self.samples),
             "pending_extra": dict(self._pending_extra),
+            "pending_calls": list(self._pending_calls),
             "unreported": self._unreported,
         }
 
@@ -126,6 +150,7 @@ class CompletionLog:
                 getattr(self, name)[column].extend(values)
         self._pending_extra.clear()
         self._pending_extra.update({column: list(values) for column, values in state["pending_extra"].items()})
+        self._pending_calls = list(state.get("pending_calls", []))  # absent from checkpoints before agents
         self._unreported = state["unreported"]
 
     def add_rollout(self, rollout, names: list[str], dist):
@@ -146,6 +171,12 @@ class CompletionLog:
             values = self._pending_extra.get(column, [None] * local_rows)
             self.extra[column].extend(dist.gather_object(values))
         self._pending_extra.clear()
+        if any(dist.gather_object([bool(self._pending_calls)])):
+            calls = dist.gather_object(self._pending_calls or [[] for _ in range(local_rows)])
+            for sample, made in zip(list(self.samples)[-len(calls) :], calls, strict=True):
+                sample["tool_calls"] = made
+            self.extra["tools"].extend(_calls_summary(made) for made in calls)
+        self._pending_calls.clear()
 
     def report(self, step: int, output_dir: str, num_samples: int | None, unique_prompts: bool) -> str:
         """Print the table and write the whole batch to `<output_dir>/completions/completions_<step>.parquet`;
