@@ -186,8 +186,10 @@ MAY_IMPORT = {
         "grpokit.nan_guard",
         "grpokit.tiny",
         "grpokit.trl_compat",
+        "grpokit.startup",
     }
     | LEAVES,
+    "grpokit.startup": {"grpokit.config", "grpokit.launch"},
     "grpokit.trl_compat": {
         "grpokit.agents",
         "grpokit.algorithms",

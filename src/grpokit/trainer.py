@@ -25,20 +25,17 @@ import torch
 from accelerate.utils import set_seed as set_process_seed
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import is_datasets_available
 
 from . import checkpoints, models, sharding
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
 from .config.grpo_config import GRPOConfig, set_wandb_environment
-from .config.precision import hardware_problems, resolve_precision
+from .config.precision import resolve_precision
 from .config.redaction import hidden_secrets
-from .config.rules import reference_problems, vllm_mode_warnings
-from .config.support import unsupported_settings
+from .config.rules import vllm_mode_warnings
 from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
-from .launch import engine_problems, launch_problems, launched_engine
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .rollout.report import CompletionLog
@@ -46,12 +43,10 @@ from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
+from .startup import check_before_loading
 from .trl_compat import TRLCompatMixin
 
 logger = logging.getLogger(__name__)
-
-# Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
-_TRL_ONLY_ARGUMENTS = ("quantization_config",)
 
 
 def identity(rows):
@@ -98,7 +93,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
-        _check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
+        check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
         resolve_precision(args)
         set_wandb_environment(args)
 
@@ -552,48 +547,3 @@ def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _check_before_loading(args, reward_funcs, train_dataset, trl_only, owned_rewards: bool = False) -> None:
-    """Every reason not to start, at once, before any model or tokenizer loads."""
-    problems = []
-    for name, value in trl_only.items():
-        if name not in _TRL_ONLY_ARGUMENTS:
-            raise TypeError(f"GRPOTrainer.__init__() got an unexpected keyword argument {name!r}")
-        if value is not None:
-            problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
-    problems += unsupported_settings(args)
-    problems += hardware_problems(vars(args))
-    state = getattr(args, "distributed_state", None)
-    if state is not None:
-        problems += launch_problems(args.world_size, str(state.distributed_type))
-    engine = launched_engine(deepspeed_plugin=getattr(args, "deepspeed_plugin", None))
-    problems += engine_problems(
-        **engine,
-        use_cpu=False,  # what use_cpu does to DeepSpeed is visible in the state (launch_problems)
-        use_vllm=args.use_vllm,
-        ds3_gather_for_generation=args.ds3_gather_for_generation,
-    )
-    if engine["deepspeed_stage"] != 3 and not args.ds3_gather_for_generation:
-        logger.warning("ds3_gather_for_generation=False has no effect: DeepSpeed ZeRO-3 is not running")
-    if not reward_funcs and not owned_rewards:
-        problems.append(
-            "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines a "
-            "`get_reward` method."
-        )
-    if args.reward_weights is not None and len(args.reward_weights) != len(reward_funcs):
-        problems.append(
-            f"reward_weights={args.reward_weights!r}: {len(args.reward_weights)} weights for {len(reward_funcs)} "
-            "reward functions; give one weight per reward function"
-        )
-    # The rule GRPOConfig checks when it is built, again for fields assigned after construction.
-    problems += [problem.line() for problem in reference_problems(vars(args))]
-    if is_datasets_available():
-        import datasets
-
-        if isinstance(train_dataset, datasets.IterableDataset):
-            problems.append(
-                "train_dataset: iterable (streaming) datasets are not supported yet; use a map-style Dataset"
-            )
-    if problems:
-        raise ValueError("GRPOTrainer cannot start:\n  " + "\n  ".join(problems))
