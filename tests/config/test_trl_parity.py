@@ -36,7 +36,7 @@ EXTRAS = {
         "overwrite_output_dir",
     },
     "ScriptArguments": set(),
-    "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt"},
+    "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt", "tools", "environment_factory"},
     "ModelConfig": set(),
     "DatasetConfig": set(),
     "DatasetMixtureConfig": set(),

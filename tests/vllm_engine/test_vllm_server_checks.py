@@ -141,12 +141,17 @@ def test_greedy_asks_once_and_repeats(fake):
     assert out.completion_ids == [[5, 10, 1], [5, 10, 1]]
 
 
-def test_rows_not_in_groups(fake):
-    with pytest.raises(ValueError, match="num_generations=2"):
-        _generator(fake.url).generate([[5], [5], [6]])
-    with pytest.raises(ValueError, match="one prompt repeated 2 times"):
-        _generator(fake.url).generate([[5], [6]])
-    assert fake.requests == []
+def test_rows_not_in_groups_get_one_completion_each(fake):
+    """The tool loop's turns (one sequence per rollout, any number of them) are not groups of one prompt: each row
+    is asked one completion (n=1), in order."""
+    out = _generator(fake.url).generate([[5], [5], [6]])
+    assert fake.requests[-1]["prompt"] == [[5], [5], [6]] and fake.requests[-1]["n"] == 1
+    assert out.completion_ids == [[5, 10, 1], [5, 10, 1], [6, 10, 1]]
+    out = _generator(fake.url).generate([[5], [6]])
+    assert fake.requests[-1]["prompt"] == [[5], [6]] and fake.requests[-1]["n"] == 1
+    assert out.completion_ids == [[5, 10, 1], [6, 10, 1]] and out.logprobs == [[-0.5, -1.0, -0.25]] * 2
+    greedy = _generator(fake.url, sampling={"temperature": 0.0, "max_tokens": 4}).generate([[7]])
+    assert fake.requests[-1]["n"] == 1 and greedy.completion_ids == [[7, 10, 1]]
 
 
 def test_every_request_carries_the_token(fake, monkeypatch):

@@ -178,9 +178,13 @@ def _run_async(pending: list[tuple[int, str, Callable, dict]], timeout: float | 
     async def one(name: str, tool: Callable, arguments: dict) -> ToolCall:
         start = time.perf_counter()
         try:
-            value = await asyncio.wait_for(tool(**arguments), timeout)
-        except asyncio.TimeoutError:
-            return _failure(name, arguments, f"timed out after {timeout:g} s", time.perf_counter() - start)
+            # Not wait_for: a TimeoutError the tool raises itself (an HTTP client's) is its own error, not ours.
+            task = asyncio.ensure_future(tool(**arguments))
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                task.cancel()
+                return _failure(name, arguments, f"timed out after {timeout:g} s", time.perf_counter() - start)
+            value = task.result()
         except Exception as exc:  # noqa: BLE001 - the model sees the error and the call counts as failed
             return _failure(name, arguments, str(exc), time.perf_counter() - start)
         return ToolCall(name, arguments, value, False, time.perf_counter() - start)

@@ -246,10 +246,12 @@ def _config(args) -> int:
         for line in machine_problems(launch):
             print(f"note: on this machine {line}", file=sys.stderr)
     if sub == "validate":
+        from grpokit.config.agents import tool_loop_problems
         from grpokit.config.support import unsupported_settings
 
         # What `grpokit train` refuses from the configuration alone (not the machine) fails validation too.
         refused = unsupported_settings(*resolution.instances)
+        refused += tool_loop_problems(resolution.values, resolution.sources)
         for line in refused:
             _error(line)
         if refused:

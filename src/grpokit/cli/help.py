@@ -87,7 +87,6 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "chat_template_kwargs",
             "cache_implementation",
             "ds3_gather_for_generation",
-            "max_tool_calling_iterations",
             "use_transformers_continuous_batching",
             "transformers_continuous_batching_config",
             "use_transformers_paged",
@@ -103,6 +102,14 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "scale_rewards",
             "reward_timeout",
             "max_unscorable_rounds",
+        ),
+    ),
+    (
+        "agents (tool calling)",
+        (
+            "tools",
+            "environment_factory",
+            "max_tool_calling_iterations",
         ),
     ),
     (

@@ -85,6 +85,7 @@ def check_train_args(argv):
     for the processes they ask for."""
     from grpokit.checkpoints import check_resume
     from grpokit.cli.launch_presets import LAUNCH
+    from grpokit.config.agents import tool_loop_problems
     from grpokit.config.parser import TrlParser
     from grpokit.config.precision import hardware_problems
     from grpokit.config.redaction import redact
@@ -101,11 +102,17 @@ def check_train_args(argv):
         print(f"warning: {redact(warning)}", file=sys.stderr)
     script_args, training_args, model_args, mixture = resolution.instances
     problems = unsupported_settings(*resolution.instances) + hardware_problems(resolution.values)
+    problems += tool_loop_problems(resolution.values, resolution.sources)
     if not model_args.model_name_or_path:
         problems.append("model_name_or_path is not set: give a local model directory or a hub id")
     else:
         problems += _local_path_problems(model_args.model_name_or_path)
-    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
+    # An environment may own the reward (its `get_reward`), as in TRL; GRPOTrainer says so if none does.
+    if (
+        not script_args.reward_funcs
+        and not script_args.reward_model_name_or_path
+        and not script_args.environment_factory
+    ):
         problems.append("no reward: set reward_funcs and/or reward_model_name_or_path")
     if not script_args.dataset_name and not mixture.datasets:
         problems.append("no training data: set dataset_name or a `datasets:` mixture")

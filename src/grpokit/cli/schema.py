@@ -25,6 +25,10 @@ JSON_MAPPING_FIELDS = frozenset(MAPPING_FIELDS) | {
     "dataset_mixture",
 }
 JSON_OBJECT_STRING = {"type": "string", "pattern": r"^\s*\{"}
+# A dotted path of the user's code (`tools`, `environment_factory`): `package.module.function` or
+# `package.module:function` (grpokit.rewards.registry.check_dotted_path checks it further, without importing it).
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+DOTTED_PATH = {"type": "string", "pattern": rf"^{_NAME}(\.{_NAME})*[.:]{_NAME}(\.{_NAME})*$"}
 
 
 def _json_mapping(schema: dict) -> dict:
@@ -141,6 +145,15 @@ def build_schema(dataclass_types) -> dict:
         ]
         properties[name].pop("type", None)
         properties[name].pop("items", None)
+    if "tools" in properties:
+        properties["tools"]["anyOf"] = [{"type": "array", "items": DOTTED_PATH}, {"type": "null"}]
+    if "environment_factory" in properties:  # one dotted path, or {environment name: dotted path}
+        properties["environment_factory"].pop("type", None)
+        properties["environment_factory"]["anyOf"] = [
+            DOTTED_PATH,
+            {"type": "object", "additionalProperties": DOTTED_PATH, "minProperties": 1},
+            {"type": "null"},
+        ]
     if "scale_rewards" in properties:
         properties["scale_rewards"]["enum"] = properties["scale_rewards"]["enum"] + [True, False]
     if "resume_from_checkpoint" in properties:  # `true`: the latest checkpoint in output_dir; `false`: no resume

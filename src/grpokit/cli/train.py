@@ -159,6 +159,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
 
     try:
         rewards = _resolve_rewards(script_args, training_args)
+        agent_arguments = _import_agent_arguments(script_args)  # {} unless tools / environment_factory are set
         train_dataset, eval_dataset = load_train_eval(
             script_args, mixture, want_eval=str(getattr(training_args.eval_strategy, "value", "no")) != "no"
         )
@@ -185,6 +186,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             eval_dataset=eval_dataset,
             peft_config=_peft_config(model_args),
             callbacks=[recorder],
+            **agent_arguments,
         )
     except (OSError, ValueError, GenerationError) as exc:
         message = " ".join(str(exc).split())[:500]
@@ -344,6 +346,18 @@ def _resolve_rewards(script_args, training_args) -> list:
     for spec in script_args.reward_funcs or []:
         rewards.append(resolve_reward(spec, defaults=reward_defaults({**vars(script_args), **vars(training_args)})))
     return rewards
+
+
+def _import_agent_arguments(script_args) -> dict:
+    """GRPOTrainer's `tools` / `environment_factory`, imported from their dotted paths (the user's modules, looked up
+    in the working directory first, as reward paths are); only those set. ValueError (one line) when one fails."""
+    if not script_args.tools and not script_args.environment_factory:
+        return {}
+    from grpokit.config.agents import import_agent_arguments
+    from grpokit.rewards.registry import working_directory_first
+
+    working_directory_first()
+    return import_agent_arguments(script_args.tools, script_args.environment_factory)
 
 
 def _finish_model_kwargs(training_args, model_args) -> None:

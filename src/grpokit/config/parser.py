@@ -22,6 +22,7 @@ from transformers import HfArgumentParser
 
 from grpokit.launch import under_launcher
 
+from .agents import agent_path_problems
 from .grpo_config import GRPOConfig
 from .migrations import RENAMED_KEYS, changed_default_notes, legacy_scale_rewards, removed_key_is_error
 from .model_config import ModelConfig
@@ -404,6 +405,7 @@ class TrlParser(HfArgumentParser):
             problems += geometry
             if any(issubclass(t, GRPOScriptArguments) for t in self.dataclass_types):
                 problems += reward_problems(values, import_code=self.import_rewards)
+                problems += agent_path_problems(values)  # tools, environment_factory: found, never imported here
         return problems
 
 

@@ -94,7 +94,7 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "vllm_max_model_length": (1, True, None, False),
     "vllm_importance_sampling_clip_min": (0, True, None, False),
     "vllm_importance_sampling_clip_max": (0, False, None, False),
-    "max_tool_calling_iterations": (1, True, None, False),
+    "max_tool_calling_iterations": (0, True, None, False),  # 0: calls are parsed, never run (TRL)
     "reward_timeout": (0, False, None, False),
     "max_unscorable_rounds": (1, True, None, False),
     # TrainingArguments

@@ -75,6 +75,23 @@ class GRPOScriptArguments(ScriptArguments):
             "(`my_pkg.rewards.fn`), or in YAML `{name: ..., kwargs: {...}}` entries."
         },
     )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Tool functions the model may call while it generates (TRL's `tools` argument of GRPOTrainer): "
+            "dotted paths `package.module.function` or `package.module:function`. `grpokit config validate` checks "
+            "them without importing them; `grpokit train` imports them. grpokit extension."
+        },
+    )
+    environment_factory: dict[str, str] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Environment of an agent run (TRL's `environment_factory` argument of GRPOTrainer): the dotted "
+            "path of a callable taking no argument, usually a class, whose instances' public methods are tools; or, "
+            "in YAML, a mapping of environment name -> dotted path, each row picking one by its `environment` "
+            "column. Checked and imported like `tools`. grpokit extension."
+        },
+    )
 
     # ---- open-r1's reward fields: offered to the built-in reward factories (a reward's own kwargs win) ----
     cosine_min_value_wrong: float = field(

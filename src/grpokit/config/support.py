@@ -15,7 +15,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "of tests passed and pass/fail",
     "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
     "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
-    "max_tool_calling_iterations": "tool-calling agents are not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
     "dataset_streaming": "streaming datasets are not supported yet (the sampler needs a map-style dataset)",
     "streaming": "streaming dataset mixtures are not supported yet (the sampler needs a map-style dataset)",

@@ -161,20 +161,19 @@ class VLLMServerGenerator:
         return Generated([ids for ids, _ in mine], [lps for _, lps in mine])
 
     def _complete(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-        """(completion ids, logprobs) for every row of `prompts`, in order; one request per distinct prompt."""
+        """(completion ids, logprobs) for every row of `prompts`, in order. Rows in whole groups of one prompt
+        repeated `num_generations` times (a first turn) are asked once per group with n = num_generations; any other
+        rows (the turns of the tool loop: one sequence per rollout) are asked one completion each."""
         g = self.num_generations
-        if len(prompts) % g:
-            raise ValueError(f"{len(prompts)} prompt rows are not whole groups of num_generations={g}")
-        distinct = prompts[::g]
-        for i, prompt in enumerate(distinct):
-            if any(prompts[i * g + j] != prompt for j in range(g)):
-                raise ValueError(f"prompt rows {i * g}..{i * g + g - 1} should be one prompt repeated {g} times")
+        grouped = len(prompts) % g == 0 and all(prompts[i] == prompts[i - i % g] for i in range(len(prompts)))
+        group = g if grouped else 1
+        distinct = prompts[::group]
         if not distinct:
             return []
         body = {key: value for key, value in self.sampling.items() if value is not None}
         # vLLM refuses n > 1 with greedy sampling; every greedy sample is the same, so ask for one and repeat it.
         greedy = body.get("temperature") == 0
-        n = 1 if greedy else g
+        n = 1 if greedy else group
         body.update(model=self.served_model, prompt=distinct, n=n, logprobs=0, return_token_ids=True, stream=False)
         response = self._request("POST", "/v1/completions", body, read_timeout=None)
         choices = response.get("choices") or []
@@ -184,7 +183,7 @@ class VLLMServerGenerator:
                 f"{len(distinct)} prompts x n={n}"
             )
         if greedy:
-            choices = [choice for choice in sorted(choices, key=lambda c: c["index"]) for _ in range(g)]
+            choices = [choice for choice in sorted(choices, key=lambda c: c["index"]) for _ in range(group)]
         else:
             choices = sorted(choices, key=lambda c: c["index"])
         rows = []

@@ -101,25 +101,52 @@ def _label(spec: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- dotted paths
 
 
-def _import_dotted(path: str) -> Any:
-    """Import `package.module.attr[.attr...]`; ValueError naming the part that failed."""
+def _split_path(path: str, *, colon: bool) -> tuple[list[str], list[str]] | None:
+    """(module parts, attribute parts) of `package.module:attr[.attr...]` (module given, with `colon`), or (all the
+    parts, []) of `package.module.attr[.attr...]` (where the module ends is found by looking); None when malformed."""
+    if colon and ":" in path:
+        module, _, attrs = path.partition(":")
+        module_parts, attr_parts = module.split("."), attrs.split(".")
+        if all(part.isidentifier() for part in module_parts + attr_parts):
+            return module_parts, attr_parts
+        return None
     parts = path.split(".")
     if len(parts) < 2 or not all(part.isidentifier() for part in parts):
-        raise ValueError(f"reward {path!r}: not a valid dotted path 'package.module.function'")
+        return None
+    return parts, []
+
+
+def _path_spelling(colon: bool) -> str:
+    return "'package.module.function' or 'package.module:function'" if colon else "'package.module.function'"
+
+
+def import_dotted(path: str, *, what: str = "reward", colon: bool = False) -> Any:
+    """Import the callable at `package.module.attr[.attr...]` (or, with `colon`, `package.module:attr[.attr...]`);
+    ValueError naming the part that failed, its message starting with `what` and the path."""
+    label = f"{what} {path!r}" if what else repr(path)
+    split = _split_path(path, colon=colon) if isinstance(path, str) else None
+    if split is None:
+        raise ValueError(f"{label}: not a valid dotted path {_path_spelling(colon)}")
+    parts, attrs = split
     module, n_module = None, 0
-    for n in range(len(parts) - 1, 0, -1):  # longest importable module prefix first
+    # With the module given (`module:attr`) only it is tried; otherwise the longest importable module prefix first.
+    candidates = [len(parts)] if attrs else range(len(parts) - 1, 0, -1)
+    parts = parts + attrs
+    for n in candidates:
         name = ".".join(parts[:n])
         try:
             module, n_module = importlib.import_module(name), n
             break
         except ModuleNotFoundError as e:
-            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+            if not attrs and e.name is not None and (name == e.name or name.startswith(e.name + ".")):
                 continue  # this prefix is not a module; the rest may be attributes of a shorter one
-            raise ValueError(f"reward {path!r}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
+            if attrs and e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                raise ValueError(f"{label}: cannot import module {name!r} (no module named {e.name!r})") from e
+            raise ValueError(f"{label}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
         except Exception as e:
-            raise ValueError(f"reward {path!r}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
+            raise ValueError(f"{label}: importing module {name!r} failed: {type(e).__name__}: {e}") from e
     if module is None:
-        raise ValueError(f"reward {path!r}: cannot import module {parts[0]!r} (no module named {parts[0]!r})")
+        raise ValueError(f"{label}: cannot import module {parts[0]!r} (no module named {parts[0]!r})")
     obj = module
     for i in range(n_module, len(parts)):
         owner = ".".join(parts[:i])
@@ -127,12 +154,17 @@ def _import_dotted(path: str) -> Any:
             public = [a for a in dir(obj) if not a.startswith("_")]
             kind = "module" if inspect.ismodule(obj) else "object"
             raise ValueError(
-                f"reward {path!r}: {kind} {owner!r} has no attribute {parts[i]!r}{_did_you_mean(parts[i], public)}"
+                f"{label}: {kind} {owner!r} has no attribute {parts[i]!r}{_did_you_mean(parts[i], public)}"
             )
         obj = getattr(obj, parts[i])
     if not callable(obj):
-        raise ValueError(f"reward {path!r}: {type(obj).__name__} object is not callable")
+        raise ValueError(f"{label}: {type(obj).__name__} object is not callable")
     return obj
+
+
+def _import_dotted(path: str) -> Any:
+    """Import `package.module.attr[.attr...]`; ValueError naming the part that failed."""
+    return import_dotted(path, what="reward")
 
 
 def _is_reward_function(obj: Any) -> bool:
@@ -320,12 +352,192 @@ def working_directory_first() -> None:
 def _find_module_without_import(name: str) -> bool:
     """Whether the top-level module `name` can be found (working directory first, then `sys.path`), without running
     any of its code: module finders only look for files."""
-    if name in sys.modules or importlib.machinery.PathFinder.find_spec(name, [os.getcwd()]) is not None:
-        return True
+    return _module_spec(name) is not None  # a top-level name: no parent package gets imported
+
+
+def _module_spec(name: str, parent: Any = None) -> Any:
+    """The spec of module `name` found without running any code: a top-level name in the working directory first,
+    then by the import system's finders (a top-level name imports no package); a submodule in its parent package's
+    folders (`parent`, the parent's spec), so that the parent package is not imported either. None when not found."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return getattr(module, "__spec__", None) or importlib.machinery.ModuleSpec(name, None)
     try:
-        return importlib.util.find_spec(name) is not None  # a top-level name: no parent package gets imported
+        if parent is None:
+            spec = _find_in(name, [os.getcwd()])
+            return spec if spec is not None else importlib.util.find_spec(name)
+        loaded = sys.modules.get(parent.name)
+        locations = getattr(loaded, "__path__", None) if loaded is not None else parent.submodule_search_locations
+        return None if locations is None else _find_in(name, list(locations))
     except (ImportError, ValueError):
-        return False
+        return None
+    except Exception:  # noqa: BLE001 - a finder that fails: the module cannot be judged here, training will say
+        return importlib.machinery.ModuleSpec(name, None)
+
+
+def _find_in(name: str, locations: list) -> Any:
+    """The spec of module `name` in the folders `locations`, by their path finders (what `PathFinder` does, without
+    the bookkeeping of namespace packages, which needs the parent package imported); None when not there."""
+    portions = []
+    for entry in locations:
+        finder = sys.path_importer_cache.get(entry)
+        for hook in sys.path_hooks if finder is None else ():
+            try:
+                finder = hook(entry)
+                break
+            except ImportError:
+                continue
+        spec = finder.find_spec(name) if finder is not None and hasattr(finder, "find_spec") else None
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec
+        portions += list(spec.submodule_search_locations or [])  # a portion of a namespace package
+    if not portions:
+        return None
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = portions
+    return spec
+
+
+def _bound_names(body: list, names: set[str]) -> bool:
+    """Add the names that the statements `body` bind at module level (definitions, imports, assignments, also inside
+    if/try/with/for blocks) to `names`; False when they cannot be known by reading (`from x import *`, a module
+    `__getattr__`, `match`)."""
+    import ast
+
+    def targets(node):
+        names.update(sub.id for sub in ast.walk(node) if isinstance(sub, ast.Name))
+
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return False
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return False
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                targets(target)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets(node.target)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try)) or (
+            type(node).__name__ == "TryStar"
+        ):
+            if isinstance(node, (ast.For, ast.AsyncFor)):
+                targets(node.target)
+            for item in getattr(node, "items", []):
+                if item.optional_vars is not None:
+                    targets(item.optional_vars)
+            blocks = [getattr(node, key, []) for key in ("body", "orelse", "finalbody")]
+            for handler in getattr(node, "handlers", []):
+                if handler.name:
+                    names.add(handler.name)
+                blocks.append(handler.body)
+            if not all(_bound_names(block, names) for block in blocks):
+                return False
+        elif isinstance(node, ast.Match):
+            return False
+    return True
+
+
+def _top_level_names(spec: Any) -> set[str] | str | None:
+    """The names a plain .py module binds at its top level, read with `ast` (nothing runs); a message when the file
+    does not parse; None when that cannot be told (no source file, names made at run time)."""
+    import ast
+    import tokenize
+
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str) or not origin.endswith(".py") or not os.path.isfile(origin):
+        return None
+    try:
+        with tokenize.open(origin) as fh:
+            tree = ast.parse(fh.read(), filename=origin)
+    except SyntaxError as e:
+        return f"module {spec.name!r} does not parse ({origin}:{e.lineno}: {e.msg})"
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    names: set[str] = set()
+    if not _bound_names(tree.body, names):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        # `globals()[...] = ...`, `setattr(module, ...)`, `exec(...)`: names made at run time
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _RUNTIME_BINDERS:
+            return None
+    return names
+
+
+_RUNTIME_BINDERS = frozenset({"globals", "vars", "setattr", "exec", "eval", "__import__"})
+
+
+def check_dotted_path(path: Any, *, what: str = "", colon: bool = True) -> str | None:
+    """None if the callable at `path` (`package.module.function`, or with `colon` `package.module:function`) can be
+    found without running any code, else a one-line message starting with `what` and the path.
+
+    Checked: the spelling; the modules, found by their files (the top-level one in the working directory first, then
+    on `sys.path`; no package is imported to find its submodules); and, for a plain .py module, that it binds the name
+    at its top level (read with `ast`), with "did you mean". What only running the code tells (an import that fails,
+    a name made at run time, a callable) is left to `import_dotted`, when training starts.
+    """
+    label = f"{what} {path!r}" if what else repr(path)
+    if not isinstance(path, str):
+        return f"{label}: a dotted path is a string {_path_spelling(colon)}, not {type(path).__name__}"
+    split = _split_path(path, colon=colon)
+    if split is None:
+        return f"{label}: not a valid dotted path {_path_spelling(colon)}"
+    parts, attrs = split
+    spec = _module_spec(parts[0])
+    if spec is None:
+        return f"{label}: no module named {parts[0]!r} in the working directory or on sys.path"
+    n = 1
+    # The module's end: given (`module:attr`), every part must be found; else the longest prefix of modules found,
+    # as `import_dotted` imports it, leaving at least one attribute.
+    while n < (len(parts) if attrs else len(parts) - 1):
+        child = _module_spec(".".join(parts[: n + 1]), spec)
+        if child is None:
+            break
+        spec, n = child, n + 1
+    if attrs and n < len(parts):
+        return f"{label}: no module named {'.'.join(parts[: n + 1])!r}{_submodule_hint(parts[n], spec)}"
+    name, module = (parts + attrs)[n], ".".join(parts[:n])
+    if getattr(spec, "origin", None) is None and getattr(spec, "submodule_search_locations", None):
+        # a namespace package (a folder without __init__.py) binds nothing but its modules, and that one is not there
+        return f"{label}: no module named {module + '.' + name!r}{_submodule_hint(name, spec)}"
+    defined = _top_level_names(spec)
+    if isinstance(defined, str):
+        return f"{label}: {defined}"
+    if defined is None or name in defined:
+        return None
+    public = sorted({d for d in defined if not d.startswith("_")} | set(_submodules(spec)))
+    hint = _did_you_mean(name, public)
+    return f"{label}: module {module!r} ({spec.origin}) defines no {name!r} at its top level{hint}"
+
+
+def _submodules(parent: Any) -> list[str]:
+    """The names of the modules in the folders of the package `parent`, by their files (nothing is imported)."""
+    found = []
+    for folder in list(getattr(parent, "submodule_search_locations", None) or []):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in entries:
+            stem = entry.split(".", 1)[0]
+            if stem.isidentifier() and (
+                entry.endswith(tuple(importlib.machinery.all_suffixes())) or os.path.isdir(os.path.join(folder, entry))
+            ):
+                found.append(stem)
+    return sorted(set(found) - {"__init__", "__pycache__"})
+
+
+def _submodule_hint(name: str, parent: Any) -> str:
+    """ "; did you mean 'NEAR'?" among the modules of the package `parent`, or ""."""
+    return _did_you_mean(name, _submodules(parent))
 
 
 def _check_without_import(spec: Any, defaults: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,467 @@
+"""GRPOTrainer with TRL 1.16's agent arguments (`tools`, `environment_factory`, `rollout_func`) on a tiny model.
+
+Generation is scripted (the generator's `generate` is replaced), so every completion, tool call and tool turn is
+known in advance and the tool metrics and masks can be worked out by hand.
+"""
+
+import re
+
+import pytest
+import torch
+from _trainer_helpers import last_log_with
+
+from grpokit.config.support import NOT_IMPLEMENTED
+from grpokit.generation import Generated
+from grpokit.tiny import build_model, build_tokenizer, build_tool_tokenizer
+
+CAP_NOT_ACCEPTED = pytest.mark.skipif(
+    "max_tool_calling_iterations" in NOT_IMPLEMENTED,
+    reason="max_tool_calling_iterations is still listed as not implemented in grpokit.config.support",
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tool_tokenizer()
+
+
+def enc(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def lookup(key: str) -> str:
+    """Look a key up.
+
+    Args:
+        key: the key
+    """
+    return "VAL"
+
+
+def boom(x: int) -> str:
+    """Always fails.
+
+    Args:
+        x: anything
+    """
+    raise ValueError("bad")
+
+
+def call(name, arguments):
+    import json
+
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def chat_rows(n, **columns):
+    from datasets import Dataset
+
+    rows = [
+        {"prompt": [{"role": "user", "content": f"q{i}"}], **{k: v[i] for k, v in columns.items()}} for i in range(n)
+    ]
+    return Dataset.from_list(rows)
+
+
+def tool_reward(completions, **kwargs):
+    """The length of the tool results a completion saw: differs inside each group, so advantages are not 0."""
+    return [float(sum(len(m["content"]) for m in c if m["role"] == "tool")) for c in completions]
+
+
+def force(trainer, tok, first_turn, after="ok<eos>"):
+    """Script generation: a sequence without a tool turn gets `first_turn(index, prompt text)`, one with a tool turn
+    gets `after`. Returns the list of the first turns' prompts (ids) seen."""
+    tool_id = tok.convert_tokens_to_ids("<|tool|>")
+    prompts = []
+
+    def generate(prompt_ids):
+        if any(tool_id in ids for ids in prompt_ids):
+            return Generated([enc(tok, after) for _ in prompt_ids])
+        prompts.append([list(ids) for ids in prompt_ids])
+        return Generated([enc(tok, first_turn(i, tok.decode(ids))) for i, ids in enumerate(prompt_ids)])
+
+    trainer.generator.generate = generate
+    return prompts
+
+
+def capture_rollouts(trainer):
+    rollouts = []
+    record = trainer._record_rollout
+
+    def wrapped(rollout, mode):
+        rollouts.append(rollout)
+        return record(rollout, mode)
+
+    trainer._record_rollout = wrapped
+    return rollouts
+
+
+def capture_loss_inputs(trainer):
+    seen = []
+    compute = trainer.compute_loss
+
+    def wrapped(model, inputs, *args, **kwargs):
+        seen.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+        return compute(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = wrapped
+    return seen
+
+
+def make_trainer(tok, make_args, dataset, **kwargs):
+    from grpokit import GRPOTrainer
+
+    args = make_args(**{"max_steps": 1, "max_completion_length": 200, **kwargs.pop("args", {})})
+    model = build_model(tok)
+    model.config.max_position_embeddings = 1024  # the tools' schemas alone are hundreds of characters (tokens)
+    return GRPOTrainer(model=model, processing_class=tok, args=args, train_dataset=dataset, **kwargs)
+
+
+# Four rollouts per step (two prompts x two generations), each position with its own first turn.
+FIRST_TURNS = [
+    call("lookup", {"key": "a"}) + call("lookup", {"key": "b"}) + "<eos>",  # 2 calls
+    "hm" + call("lookup", {"key": "c"}) + call("boom", {"x": 1}) + "<eos>",  # 2 calls, 1 fails
+    "hi<eos>",  # no call
+    call("nope", {}) + "<eos>",  # 1 call to an unknown tool: fails
+]
+SUFFIXES = [
+    "<|tool|>VAL<eos><|tool|>VAL<eos><|assistant|>",
+    "<|tool|>VAL<eos><|tool|>{'error': 'bad'}<eos><|assistant|>",
+    "",
+    "<|tool|>{'error': 'Tool nope not found.'}<eos><|assistant|>",
+]
+
+
+def expected_rows(tok):
+    """Per rollout: (completion ids, tool mask) as the tool loop must build them."""
+    rows = []
+    for first, suffix in zip(FIRST_TURNS, SUFFIXES, strict=True):
+        first_ids, suffix_ids = enc(tok, first), enc(tok, suffix)
+        after = enc(tok, "ok<eos>") if suffix else []
+        rows.append((first_ids + suffix_ids + after, [1] * len(first_ids) + [0] * len(suffix_ids) + [1] * len(after)))
+    return rows
+
+
+def test_tool_metrics_and_tool_mask(tok, make_args):
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup, boom])
+    prompts = force(trainer, tok, lambda i, _: FIRST_TURNS[i])
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+
+    (rollout,) = rollouts
+    assert len(prompts) == 1 and len(prompts[0]) == 4
+    for i, (ids, mask) in enumerate(expected_rows(tok)):
+        width = rollout.completion_ids.size(1)
+        assert rollout.completion_ids[i, : len(ids)].tolist() == ids
+        assert rollout.completion_mask[i].tolist() == [1] * len(ids) + [0] * (width - len(ids))
+        assert rollout.tool_mask[i].tolist() == mask + [1] * (width - len(mask))  # padding outside completion_mask
+    model_tokens = [sum(mask) for _, mask in expected_rows(tok)]
+    assert rollout.num_items_in_batch.item() == sum(model_tokens)
+    assert rollout.loss_mask.sum().item() == sum(model_tokens)
+
+    log = last_log_with(trainer, "tools/call_frequency")
+    assert log["tools/call_frequency"] == pytest.approx(5 / 4)  # 2 + 2 + 0 + 1 calls over 4 completions
+    assert log["tools/failure_frequency"] == pytest.approx(2 / 5)  # boom and nope
+    assert log["completions/mean_length"] == pytest.approx(sum(model_tokens) / 4)  # tool turns not counted
+    assert log["completions/max_length"] == max(model_tokens)
+    assert rollout.completions[3] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "nope", "arguments": {}}}],
+        },
+        {"role": "tool", "name": "nope", "content": "{'error': 'Tool nope not found.'}"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    # The tools' schemas are rendered into the prompts.
+    assert '"name": "lookup"' in tok.decode(prompts[0][0]) and '"name": "boom"' in tok.decode(prompts[0][0])
+
+
+def test_no_calls_gives_zero_frequencies(tok, make_args):
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup])
+    force(trainer, tok, lambda i, _: "no call<eos>")
+    trainer.train()
+    log = last_log_with(trainer, "tools/call_frequency")
+    assert (log["tools/call_frequency"], log["tools/failure_frequency"]) == (0.0, 0.0)
+
+
+def test_loss_gradient_is_zero_on_tool_tokens(tok, make_args, monkeypatch):
+    import grpokit.trainer as trainer_module
+
+    captured = []
+    original = trainer_module.policy_loss
+
+    def spy(logps, old_logps, advantages, mask, **kwargs):
+        record = {"mask": mask.detach().clone(), "num_items": kwargs["num_items_in_batch"], "advantages": advantages}
+        logps.register_hook(lambda grad: record.__setitem__("grad", grad.detach().clone()))
+        captured.append(record)
+        return original(logps, old_logps, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup, boom])
+    force(trainer, tok, lambda i, _: FIRST_TURNS[i])
+    inputs = capture_loss_inputs(trainer)
+    trainer.train()
+
+    (record,) = captured
+    (batch,) = inputs
+    completion_mask, tool_mask = batch["completion_mask"], batch["tool_mask"]
+    tool_positions = (completion_mask == 1) & (tool_mask == 0)
+    assert tool_positions.sum().item() == sum(len(enc(tok, s)) for s in SUFFIXES)  # not vacuous
+    assert (record["advantages"] != 0).any()
+    grad = record["grad"]  # d loss / d per-token logps
+    assert torch.all(grad[tool_positions] == 0)
+    assert (grad[(completion_mask * tool_mask) == 1] != 0).any()
+    assert torch.equal(record["mask"], completion_mask * tool_mask)
+    model_tokens = sum(sum(mask) for _, mask in expected_rows(tok))
+    assert batch["num_items_in_batch"].item() == model_tokens
+    assert record["num_items"].item() == model_tokens  # one process, one micro-batch per generation
+
+
+# ---- environments
+
+
+class Counter:
+    def reset(self, **row):
+        self.total = 0
+        self.row = row
+        return f" (start {row['start']})"
+
+    def add(self, n: int) -> int:
+        """Add n to the total.
+
+        Args:
+            n: the amount
+        """
+        self.total += n
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total)
+
+
+class Echo:
+    def reset(self, **row):
+        self.said = []
+
+    def echo(self, text: str) -> str:
+        """Echo text back.
+
+        Args:
+            text: the text
+        """
+        self.said.append(text)
+        return text
+
+    async def get_reward(self) -> float:
+        return 1.0 + len(self.said)
+
+
+def test_environment_reset_tools_and_get_reward(tok, make_args):
+    trainer = make_trainer(tok, make_args, chat_rows(2, start=[5, 6]), environment_factory=Counter)
+    prompts = force(trainer, tok, lambda i, _: call("add", {"n": i + 1}) + "<eos>")
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+
+    texts = [tok.decode(ids) for ids in prompts[0]]
+    # each row's reset text ends its own last message
+    ends = sorted(t[t.rindex("<|user|>") :] for t in texts)
+    assert ends == ["<|user|>q0 (start 5)<eos><|assistant|>"] * 2 + ["<|user|>q1 (start 6)<eos><|assistant|>"] * 2
+    assert '"name": "add"' in texts[0]
+    log = last_log_with(trainer, "rewards/Counter/mean")
+    assert log["rewards/Counter/mean"] == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
+    (rollout,) = rollouts
+    assert rollout.rewards[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert [c[1]["content"] for c in rollout.completions] == ["1", "2", "3", "4"]
+    assert trainer.reward_func_names == ["Counter"]
+    assert all(type(e) is Counter for e in trainer.environments) and len(trainer.environments) == 4
+    assert len({id(e) for e in trainer.environments}) == 4
+    assert "prompt" in trainer.environments[0].row and "start" in trainer.environments[0].row
+
+
+def test_reward_functions_receive_the_environments(tok, make_args):
+    seen = []
+
+    def reward(completions, environments, **kwargs):
+        seen.append(list(environments))
+        return [-e.total for e in environments]
+
+    trainer = make_trainer(
+        tok, make_args, chat_rows(2, start=[0, 0]), reward_funcs=reward, environment_factory=Counter
+    )
+    force(trainer, tok, lambda i, _: call("add", {"n": 10 * (i + 1)}) + "<eos>")
+    trainer.train()
+    (environments,) = seen
+    assert environments == trainer.environments
+    assert [e.total for e in environments] == [10, 20, 30, 40]  # the tools ran before the rewards
+    assert trainer.reward_func_names == ["reward", "Counter"]
+    log = last_log_with(trainer, "rewards/reward/mean")
+    assert log["rewards/reward/mean"] == pytest.approx(-25.0)
+    assert log["rewards/Counter/mean"] == pytest.approx(25.0)
+
+
+def test_routed_environments(tok, make_args):
+    dataset = chat_rows(2, environment=["count", "echo"], start=[7, 7])
+    trainer = make_trainer(tok, make_args, dataset, environment_factory={"count": Counter, "echo": Echo})
+    turn = call("add", {"n": 3}) + call("echo", {"text": "yo"}) + "<eos>"
+    prompts = force(trainer, tok, lambda i, _: turn)
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+
+    (rollout,) = rollouts
+    kinds = [type(e) for e in trainer.environments]
+    assert sorted(k.__name__ for k in kinds) == ["Counter", "Counter", "Echo", "Echo"]
+    for env, ids, completion, rewards in zip(
+        trainer.environments, prompts[0], rollout.completions, rollout.rewards.tolist(), strict=True
+    ):
+        text = tok.decode(ids)
+        tools = [m["content"] for m in completion if m["role"] == "tool"]
+        if isinstance(env, Counter):  # its own tool only, and the reset text
+            assert '"name": "add"' in text and '"name": "echo"' not in text and "(start 7)" in text
+            assert tools == ["3", "{'error': 'Tool echo not found.'}"]
+            assert rewards[0] == 3.0 and rewards[1] != rewards[1]  # Echo's reward: None (NaN) here
+            assert "environment" not in env.row
+        else:
+            assert '"name": "echo"' in text and '"name": "add"' not in text and "(start" not in text
+            assert tools == ["{'error': 'Tool add not found.'}", "yo"]
+            assert rewards[0] != rewards[0] and rewards[1] == 2.0  # async get_reward: 1 + one echo
+    assert trainer.reward_func_names == ["Counter", "Echo"]
+    log = last_log_with(trainer, "rewards/Counter/mean")
+    assert log["rewards/Counter/mean"] == pytest.approx(3.0)
+    assert log["rewards/Echo/mean"] == pytest.approx(2.0)
+    assert log["tools/call_frequency"] == pytest.approx(2.0)
+    assert log["tools/failure_frequency"] == pytest.approx(0.5)
+
+
+def test_routed_row_with_an_unknown_environment(tok, make_args):
+    dataset = chat_rows(2, environment=["count", "elsewhere"], start=[0, 0])
+    with pytest.raises(ValueError, match="environment='elsewhere'.*'count', 'echo'"):  # refused before training
+        make_trainer(tok, make_args, dataset, environment_factory={"count": Counter, "echo": Echo})
+
+
+# ---- rollout_func
+
+
+def test_rollout_func_env_mask_and_extra_columns(tok, make_args):
+    hints = []
+
+    def rollout_func(prompts, trainer):
+        n = len(prompts)
+        completions = [enc(tok, "ab" + "T" * (i + 1) + "cd<eos>") for i in range(n)]
+        return {
+            "prompt_ids": [enc(tok, "<|user|>q<eos><|assistant|>") for _ in range(n)],
+            "completion_ids": completions,
+            "logprobs": [[-1.0] * len(c) for c in completions],
+            "env_mask": [[1, 1] + [0] * (i + 1) + [1, 1, 1] for i in range(n)],
+            "hint": [f"h{i}" for i in range(n)],
+        }
+
+    def reward(completions, hint, **kwargs):
+        hints.append(list(hint))
+        return [float(len(h) + i) for i, h in enumerate(hint)]
+
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=reward, rollout_func=rollout_func)
+    inputs = capture_loss_inputs(trainer)
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+
+    assert hints == [["h0", "h1", "h2", "h3"]]
+    (rollout,) = rollouts
+    for i in range(4):
+        length = 6 + i
+        assert rollout.completion_mask[i].tolist() == [1] * length + [0] * (9 - length)
+        assert rollout.tool_mask[i].tolist() == [1, 1] + [0] * (i + 1) + [1, 1, 1] + [1] * (3 - i)
+    assert rollout.completions[0] == [{"role": "assistant", "content": "abTcd"}]
+    (batch,) = inputs
+    assert batch["num_items_in_batch"].item() == 4 * 5  # 5 model tokens per completion
+    assert (batch["completion_mask"] * batch["tool_mask"]).sum().item() == 20
+    assert last_log_with(trainer, "completions/mean_length")["completions/mean_length"] == 5.0
+
+
+def test_rollout_func_missing_keys(tok, make_args):
+    def rollout_func(prompts, trainer):
+        return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[1]] * len(prompts)}
+
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, rollout_func=rollout_func)
+    with pytest.raises(ValueError, match=re.escape("rollout_func must return keys ['logprobs'] in its output dict.")):
+        trainer.train()
+
+
+# ---- max_tool_calling_iterations
+
+
+@CAP_NOT_ACCEPTED
+def test_max_tool_calling_iterations_caps_the_rounds(tok, make_args):
+    trainer = make_trainer(
+        tok,
+        make_args,
+        chat_rows(2),
+        reward_funcs=tool_reward,
+        tools=[lookup],
+        args={"max_tool_calling_iterations": 1},
+    )
+    turn = call("lookup", {"key": "k"}) + "<eos>"
+    force(trainer, tok, lambda i, _: turn, after=turn)  # every turn calls again
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+    log = last_log_with(trainer, "tools/call_frequency")
+    assert log["tools/call_frequency"] == 1.0  # one round each: the second turn's call never runs
+    assert all([m["role"] for m in c] == ["assistant", "tool", "assistant"] for c in rollouts[0].completions)
+
+
+# ---- construction errors
+
+
+def test_max_tool_calling_iterations_without_tools_is_refused(tok, make_args):
+    with pytest.raises(ValueError, match="max_tool_calling_iterations=2: .*there are no tools"):
+        make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, args={"max_tool_calling_iterations": 2})
+
+
+def test_tools_need_a_tool_template(make_args):
+    plain = build_tokenizer()
+    with pytest.raises(ValueError, match="ignores tools"):
+        make_trainer(plain, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup])
+
+
+def test_tool_without_docstring_is_refused(tok, make_args):
+    def undocumented(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="'undocumented' cannot be described"):
+        make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[undocumented])
+
+
+def test_environment_without_reset_is_refused(tok, make_args):
+    class NoReset:
+        def get_reward(self):
+            return 0.0
+
+    with pytest.raises(ValueError, match="NoReset has no reset method"):
+        make_trainer(tok, make_args, chat_rows(2), environment_factory=NoReset)
+
+
+def test_rollout_func_with_tools_is_refused(tok, make_args):
+    with pytest.raises(ValueError, match="rollout_func with tools or environment_factory"):
+        make_trainer(
+            tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup], rollout_func=lambda p, t: {}
+        )
+
+
+def test_no_reward_source(tok, make_args):
+    with pytest.raises(ValueError, match="No reward source provided"):
+        make_trainer(tok, make_args, chat_rows(2))
+    with pytest.raises(ValueError, match="No reward source provided"):
+        make_trainer(tok, make_args, chat_rows(2), environment_factory=_NoRewardEnv)
+
+
+class _NoRewardEnv:
+    def reset(self, **row):
+        return None
+
+    def act(self, x: int) -> int:
+        """Act.
+
+        Args:
+            x: x
+        """
+        return x
