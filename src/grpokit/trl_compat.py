@@ -150,7 +150,7 @@ class TRLCompatMixin:
                 tools,
                 factory,
                 max_iterations=args.max_tool_calling_iterations,
-                timeout=getattr(args, "tool_timeout", None),
+                timeout=args.tool_timeout,
             )
             self._check_routing(train_dataset)
         except (ToolError, EnvironmentProblem) as exc:

@@ -243,6 +243,7 @@ def test_help_groups_the_agent_fields():
         "tools",
         "environment_factory",
         "max_tool_calling_iterations",
+        "tool_timeout",
     ]
 
 

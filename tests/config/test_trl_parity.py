@@ -31,6 +31,7 @@ EXTRAS = {
         "max_prompt_length",
         "max_nonfinite_steps",
         "reward_timeout",
+        "tool_timeout",
         "max_unscorable_rounds",
         "resume_allow_changes",
         "overwrite_output_dir",

@@ -119,7 +119,7 @@ class Agent:
             suffix=lambda messages: tool_suffix_ids(tokenizer, messages, kwargs),
             max_iterations=self.max_iterations,
             max_completion_length=settings.max_completion_length,
-            max_positions=settings.max_positions,
+            max_positions=min((p for p in (settings.max_positions, settings.engine_positions) if p), default=None),
             dist=dist,
         )
         loop = self.last

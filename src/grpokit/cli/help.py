@@ -110,6 +110,7 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tools",
             "environment_factory",
             "max_tool_calling_iterations",
+            "tool_timeout",
         ),
     ),
     (

@@ -232,7 +232,19 @@ class GRPOConfig(TrainingArguments):
     )
     max_tool_calling_iterations: int | None = field(
         default=None,
-        metadata={"help": "Maximum tool-calling turns per completion when training an agent with tools."},
+        metadata={
+            "help": "Maximum tool-calling rounds per completion when training an agent with tools: null runs tools "
+            "until a turn calls none; 0 parses calls but never runs them; N runs at most N rounds (the calls of the "
+            "last generated turn stay unrun)."
+        },
+    )
+    tool_timeout: float | None = field(
+        default=120.0,
+        metadata={
+            "help": "Seconds one tool call may take; past it the call ends with an error result the model sees, and "
+            "counts as failed (an async tool is cancelled, a sync one left running in its abandoned thread). null "
+            "waits forever. grpokit extension."
+        },
     )
     use_transformers_continuous_batching: bool = field(
         default=False,

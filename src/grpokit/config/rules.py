@@ -96,6 +96,7 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "vllm_importance_sampling_clip_max": (0, False, None, False),
     "max_tool_calling_iterations": (0, True, None, False),  # 0: calls are parsed, never run (TRL)
     "reward_timeout": (0, False, None, False),
+    "tool_timeout": (0, False, None, False),
     "max_unscorable_rounds": (1, True, None, False),
     # TrainingArguments
     "per_device_train_batch_size": (1, True, None, False),

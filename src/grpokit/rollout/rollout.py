@@ -70,6 +70,9 @@ class RolloutSettings:
     # is refused, never cut silently (max_prompt_length cuts on purpose). None: not checked.
     max_positions: int | None = None
     max_completion_length: int | None = None
+    # The generation engine's own sequence limit when it has one (vLLM's max model length): a tool round whose next
+    # turn's input would reach it is dropped, as one reaching max_positions is.
+    engine_positions: int | None = None
 
     @classmethod
     def from_config(cls, args, num_generations: int, *, max_positions: int | None = None) -> RolloutSettings:
@@ -94,6 +97,7 @@ class RolloutSettings:
             multi_objective_aggregation=args.multi_objective_aggregation,
             max_positions=max_positions,
             max_completion_length=args.max_completion_length,
+            engine_positions=args.vllm_max_model_length if args.use_vllm else None,
             **correction,
         )
 
