@@ -272,13 +272,19 @@ def _config(args) -> int:
 
 
 def _print_plan(resolution) -> None:
-    from grpokit.cli.plan import batch_geometry, memory_estimate
+    from grpokit.cli.plan import agent_plan, batch_geometry, memory_estimate
 
     print("batch geometry")
     rows = batch_geometry(resolution.values, processes=resolution.processes, processes_how=resolution.processes_how)
     width = max(len(r[0]) for r in rows)
     for name, value, how in rows:
         print(f"  {name:<{width}}  {str(value):>8}  {how}")
+    agent = agent_plan(resolution.values)
+    if agent is not None:
+        print("agent rollouts")
+        width = max(len(r[0]) for r in agent)
+        for name, value, how in agent:
+            print(f"  {name:<{width}}  {str(value):>8}  {how}")
     launch = resolution.launch
     memory = memory_estimate(
         resolution.values,

@@ -335,3 +335,51 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
         )
     )
     return rows
+
+
+def agent_plan(values) -> list[tuple[str, object, str]] | None:
+    """(name, value, how) rows for an agent run (`tools` or `environment_factory` set); None otherwise. In TRL's
+    semantics every turn and every tool result of a rollout share one completion budget, so the memory rows above
+    hold for agent runs too; what grows with tools is the number of generation requests and the waiting."""
+    tools, environments = values.get("tools") or [], values.get("environment_factory")
+    if not tools and not environments:
+        return None
+    cap = values.get("max_tool_calling_iterations")
+    completion = values.get("max_completion_length")
+    prompt = values.get("max_prompt_length")
+    timeout = values.get("tool_timeout")
+    names = [environments] if isinstance(environments, str) else list(environments or {})
+    rows: list[tuple[str, object, str]] = [
+        (
+            "tools",
+            len(tools),
+            "functions from `tools`" + (", plus each environment's public methods" if names else ""),
+        ),
+        ("environments", len(names), "one instance per rollout, pooled" if names else "none"),
+        (
+            "tool rounds per rollout",
+            "no cap" if cap is None else cap,
+            "until a turn calls no tool (max_tool_calling_iterations: null)"
+            if cap is None
+            else "max_tool_calling_iterations" + (": calls are parsed, never run" if cap == 0 else ""),
+        ),
+        (
+            "generation requests per rollout",
+            "1 + rounds" if cap is None else f"<= {1 + cap}",
+            "the first turn, then one turn after each tool round",
+        ),
+        (
+            "completion budget",
+            completion,
+            "max_completion_length: every turn and tool result of a rollout together; a tool result that would "
+            "overflow it is dropped and its round rolled back",
+        ),
+    ]
+    if completion:
+        longest = f"{prompt + completion}" if prompt else f"prompt + {completion}"
+        rows.append(
+            ("longest engine input", longest, "prompt + completion so far: the input of a rollout's last turn")
+        )
+    wait = "no limit (tool_timeout: null)" if timeout is None else f"{timeout:g} s per call"
+    rows.append(("tool wait per round", wait, "sync calls of a turn run one after another, async calls together"))
+    return rows
