@@ -484,6 +484,8 @@ def _write_resolved_config(resolution, output_dir) -> None:
     ]
     if _user_reward_modules(resolution.values.get("reward_funcs")):
         header.append(f"reward functions are imported from your modules: run it from {shlex.quote(os.getcwd())}")
+    if resolution.values.get("tools") or resolution.values.get("environment_factory"):
+        header.append(f"tools and environments are imported from your modules: run it from {shlex.quote(os.getcwd())}")
     rerunnable = dataclasses.replace(resolution, values=rerunnable_values(resolution.values))
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(as_yaml(rerunnable, header=header))
