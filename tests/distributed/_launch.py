@@ -37,8 +37,9 @@ def write_recipe(folder, reward: str, **overrides) -> str:
     return str(path)
 
 
-def launch_two_cpu_processes(worker: str, *args: str, cwd, timeout: float) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu` of `worker` on 2 CPU processes, this folder importable (the workers' rewards)."""
+def two_cpu_processes(worker: str, *args: str) -> tuple[list[str], dict]:
+    """The command and environment of `accelerate launch --multi_gpu` of `worker` on 2 CPU processes, this folder
+    importable (the workers' rewards)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
     env.update(
         HF_HUB_OFFLINE="1",
@@ -50,4 +51,10 @@ def launch_two_cpu_processes(worker: str, *args: str, cwd, timeout: float) -> su
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no"]
     command += ["--dynamo_backend", "no", worker, *args]
+    return command, env
+
+
+def launch_two_cpu_processes(worker: str, *args: str, cwd, timeout: float) -> subprocess.CompletedProcess:
+    """Run `two_cpu_processes(worker, *args)` to the end."""
+    command, env = two_cpu_processes(worker, *args)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)

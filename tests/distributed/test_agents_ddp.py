@@ -8,10 +8,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
-from _launch import HERE, LAUNCHER_VARIABLES
+from _launch import HERE, two_cpu_processes
 
 WORKER = os.path.join(HERE, "_agents_worker.py")
 TIMEOUT_S = 300
@@ -20,17 +19,7 @@ TIMEOUT_S = 300
 def _launch(work) -> subprocess.CompletedProcess:
     """`accelerate launch --multi_gpu` of the worker on 2 CPU processes, in its own process group so that a hang
     kills every process of it."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        ACCELERATE_USE_CPU="true",
-        PYTHONPATH=os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")])),
-    )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no"]
-    command += ["--dynamo_backend", "no", WORKER, str(work)]
+    command, env = two_cpu_processes(WORKER, str(work))
     proc = subprocess.Popen(
         command, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

@@ -37,6 +37,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch  # noqa: E402
+from _threads import ThreadCollectives  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from grpokit import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -411,43 +412,6 @@ def test_tools_with_vllm_server(server, model_dir, tokenizer, tmp_path):
         trainer.generator.close()
 
 
-class _ThreadCollectives:
-    """`Collective`s for N threads in one process (gather_object / broadcast_object through a barrier), standing in
-    for N training processes."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.barrier = threading.Barrier(n, timeout=120)
-        self.slots = [None] * n
-
-    def abort(self):
-        self.barrier.abort()
-
-    def __getitem__(self, rank):
-        outer = self
-
-        class _Collective:
-            process_index = rank
-            num_processes = outer.n
-
-            def gather_object(self, items):
-                outer.slots[rank] = list(items)
-                outer.barrier.wait()
-                out = [x for slot in outer.slots for x in slot]
-                outer.barrier.wait()
-                return out
-
-            def broadcast_object(self, obj):
-                if rank == 0:
-                    outer.slots[0] = obj
-                outer.barrier.wait()
-                out = outer.slots[0]
-                outer.barrier.wait()
-                return out
-
-        return _Collective()
-
-
 def test_server_tool_rounds_across_two_processes(server, model_dir, tokenizer):
     """The tool loop over two "processes" (threads) sharing the server: process 0's first rollout calls the tool,
     process 1 has nothing pending. Process 1 still sends a throwaway turn in the round (the server backend gathers
@@ -475,7 +439,7 @@ def test_server_tool_rounds_across_two_processes(server, model_dir, tokenizer):
         ),
         n=2,
     )
-    collectives = _ThreadCollectives(2)
+    collectives = ThreadCollectives(2)
     results, errors, turns = [None, None], [], [[], []]
 
     def run(rank):

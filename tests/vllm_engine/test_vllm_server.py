@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("vllm.distributed.weight_transfer")
 
 import torch  # noqa: E402
+from _threads import ThreadCollectives  # noqa: E402
 
 from grpokit.generation.tokens import cut_after_eos  # noqa: E402
 from grpokit.generation.vllm_common import sampling_kwargs  # noqa: E402
@@ -262,7 +263,7 @@ def test_groups_spanning_processes(server, tokenizer, model_dir, prompt_ids):
     spans both; each gets exactly its rows, and only the main one talks to the server."""
     rows = _repeat(prompt_ids)
     single = _generator(server, tokenizer, model_dir).generate(rows)
-    collectives = _ThreadCollectives(2)
+    collectives = ThreadCollectives(2)
     results, errors = [None, None], []
     generators = [None, None]
 
@@ -417,39 +418,3 @@ def test_server_gone_mid_run_is_one_line(server, tokenizer, model_dir, prompt_id
 
 
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class _ThreadCollectives:
-    """`Collective`s for N threads in one process (gather_object / broadcast_object through a barrier)."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.barrier = threading.Barrier(n, timeout=120)
-        self.slots = [None] * n
-
-    def abort(self):
-        self.barrier.abort()
-
-    def __getitem__(self, rank):
-        outer = self
-
-        class _Collective:
-            process_index = rank
-            num_processes = outer.n
-
-            def gather_object(self, items):
-                outer.slots[rank] = list(items)
-                outer.barrier.wait()
-                out = [x for slot in outer.slots for x in slot]
-                outer.barrier.wait()
-                return out
-
-            def broadcast_object(self, obj):
-                if rank == 0:
-                    outer.slots[0] = obj
-                outer.barrier.wait()
-                out = outer.slots[0]
-                outer.barrier.wait()
-                return out
-
-        return _Collective()
