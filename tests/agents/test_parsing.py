@@ -168,3 +168,11 @@ def test_response_parser_calls_are_normalised():
 )
 def test_response_parser_failures_are_plain_text(parsed):
     assert parse_turn(_ParsingTokenizer(parsed), [1, 2]) == {"role": "assistant", "content": "decoded"}
+
+
+def test_json_nested_past_the_recursion_limit_is_plain_text(tok):
+    # A completion is untrusted: 20000 nested arrays make json.loads raise RecursionError, which must not escape.
+    body = '{"name": "f", "arguments": {"x": ' + "[" * 20000 + "]" * 20000 + "}}"
+    ids = tok.encode(f"<tool_call>{body}</tool_call><eos>", add_special_tokens=False)
+    message = parse_turn(tok, ids)
+    assert "tool_calls" not in message and message["content"].startswith('{"name": "f"')

@@ -112,7 +112,7 @@ def _parse_with_tokenizer(tokenizer, ids: list[int], prefix, tools) -> dict:
             if not parsed["tool_calls"]:
                 del parsed["tool_calls"]
         return parsed
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: JSON nested past the limit
         return _plain(tokenizer, ids)
 
 
@@ -153,7 +153,7 @@ def _parse_hermes(tokenizer, ids: list[int]) -> dict:
         body = tokenizer.decode(ids[i + 1 : end], skip_special_tokens=False).strip()
         try:
             calls.append(_checked_call(json.loads(body)))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # a model may nest JSON past the limit
             return _plain(tokenizer, ids)
         i = end + 1
     message = {"role": "assistant", "content": tokenizer.decode(outside, skip_special_tokens=True).strip()}
