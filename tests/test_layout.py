@@ -193,6 +193,7 @@ MAY_IMPORT = {
     "grpokit.trl_compat": {
         "grpokit.agents",
         "grpokit.algorithms",
+        "grpokit.config",
         "grpokit.dist",
         "grpokit.generation",
         "grpokit.rollout",

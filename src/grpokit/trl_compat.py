@@ -11,6 +11,7 @@ would in TRL. The trainer keeps the state these read: `args`, `accelerator`, `_e
 
 from __future__ import annotations
 
+import json
 import logging
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from .agents import Agent, EnvironmentProblem, TemplateError, ToolError
 from .algorithms import off_policy_mask
 from .algorithms.entropy_control import high_entropy_mask
+from .config.redaction import redact
 from .dist import AcceleratorCollective
 from .generation import decode_completions, is_conversational
 from .rollout.rollout import RolloutSettings, generate_completions
@@ -206,6 +208,17 @@ class TRLCompatMixin:
             return {}
         self._completion_log.add_tool_calls([[dict(vars(call)) for call in calls] for calls in loop.calls])
         dist = AcceleratorCollective(self.accelerator)
+        failed = [(i, call) for i, calls in enumerate(loop.calls) for call in calls if call.failed]
+        if failed:  # named: which tool, with what, on which completion (the records have them all)
+            i, call = failed[0]
+            arguments = json.dumps(call.arguments, default=str)[:200]
+            logger.warning(
+                redact(
+                    f"{len(failed)} of {loop.num_calls} tool calls failed in this batch on process "
+                    f"{dist.process_index}; the first: {call.name}({arguments}) of completion {i}: "
+                    f"{str(call.result.get('error', call.result))[:300]}"
+                )
+            )
         counts = dist.gather_object([(len(loop.completion_ids), loop.num_calls, loop.num_failures)])
         rollouts, calls, failures = (sum(c[k] for c in counts) for k in range(3))
         return {
