@@ -470,3 +470,60 @@ class _NoRewardEnv:
             x: x
         """
         return x
+
+
+def test_lora_with_tools(tok, make_args):
+    """An adapter trains through the tool loop: the calls run, the tool turns are masked, only LoRA weights move."""
+    from peft import LoraConfig
+
+    trainer = make_trainer(
+        tok,
+        make_args,
+        chat_rows(2),
+        reward_funcs=tool_reward,
+        tools=[lookup, boom],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    force(trainer, tok, lambda i, _: FIRST_TURNS[i])
+    rollouts = capture_rollouts(trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    (rollout,) = rollouts
+    for i, (_, mask) in enumerate(expected_rows(tok)):
+        assert rollout.tool_mask[i, : len(mask)].tolist() == mask
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert moved and all("lora_" in n for n in moved)
+    assert last_log_with(trainer, "tools/call_frequency")["tools/call_frequency"] == pytest.approx(5 / 4)
+
+
+def test_resume_inside_a_round_keeps_the_trajectories(tok, make_args, tmp_path):
+    """A checkpoint taken inside a generation round holds the round's micro-batches with their tool masks; the
+    resumed run trains on them without generating again."""
+    from grpokit import GRPOTrainer
+
+    args = dict(max_steps=2, steps_per_generation=2, save_strategy="steps", save_steps=1)
+    first = make_trainer(tok, make_args, chat_rows(4), reward_funcs=tool_reward, tools=[lookup, boom], args=args)
+    force(first, tok, lambda i, _: FIRST_TURNS[i % 4])
+    seen_first = capture_loss_inputs(first)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-1"  # step 1 of the 2-step round
+    assert checkpoint.is_dir()
+
+    model = build_model(tok)
+    model.config.max_position_embeddings = 1024
+    second = GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=make_args(max_steps=2, max_completion_length=200, steps_per_generation=2),
+        train_dataset=chat_rows(4),
+        reward_funcs=tool_reward,
+        tools=[lookup, boom],
+    )
+    generated = force(second, tok, lambda i, _: "never<eos>")
+    seen_second = capture_loss_inputs(second)
+    second.train(resume_from_checkpoint=str(checkpoint))
+    assert generated == []  # the round came from the checkpoint
+    (resumed,) = seen_second
+    assert torch.equal(resumed["tool_mask"], seen_first[1]["tool_mask"])
+    assert torch.equal(resumed["completion_ids"], seen_first[1]["completion_ids"])
+    assert (resumed["tool_mask"] == 0).any()  # the tool turns came back masked
