@@ -26,6 +26,7 @@ commands:
   train                 train a policy (grpokit train --help: its options, and the fields by concern); with
                         --accelerate_config NAME|FILE [--num_processes N]: check once, then start that many processes
   train --demo          the built-in demo (also what `grpokit` alone runs), in ./grpokit-demo/ unless --output_dir DIR
+  train --demo tools    the agent demo: a tiny model learns to call a tool, in ./grpokit-demo-tools/
   config validate       check a configuration: `ok`, or one line per problem (exit 2)
   config show           resolved values and their sources [--format table|yaml|json] [--all]
   config plan           batch geometry and a memory estimate, before anything loads
@@ -384,8 +385,10 @@ def _list_or_show(args, names, summary, text, usage: str) -> int:
 def _train(args) -> int:
     from grpokit.cli.train import run_train
 
-    if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo` is the demo too
-        args = ["--demo", *(a for a in args if a != "--demo")]
+    if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo [tools]` is the demo too
+        at = args.index("--demo")
+        kind = args[at + 1 : at + 2] if args[at + 1 : at + 2] == ["tools"] else []
+        args = ["--demo", *kind, *args[:at], *args[at + 1 + len(kind) :]]
     if args and args[0] != "--demo" and not _names_a_run(args) and _resolves(args):
         import shlex
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 from importlib import resources
 
+DEMOS = {"digits": "demo.yaml", "tools": "demo_tools.yaml"}  # `grpokit train --demo [tools]`
 
-def demo_config_path() -> str:
-    return str(resources.files(__package__).joinpath("demo.yaml"))
+
+def demo_config_path(kind: str = "digits") -> str:
+    return str(resources.files(__package__).joinpath(DEMOS[kind]))
 
 
 def make_demo_dir(path: str) -> None:

@@ -24,7 +24,7 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
     """The series the plot draws, from metrics.jsonl rows: {"reward": {step, mean, std}, "loss": {step, value},
-    "eval_reward": {step, mean, std}}; a series with no rows has empty lists. Training rows are those with `reward`,
+    "eval_reward": {step, mean, std}, "tool_calls": {step, value}}; a series with no rows has empty lists. Training rows are those with `reward`,
     evaluation rows those with `eval_reward` (TRL's names; an evaluation's row has no `reward`)."""
     train = [r for r in rows if "reward" in r and "step" in r]
     evaluation = [r for r in rows if "eval_reward" in r and "step" in r]
@@ -40,6 +40,10 @@ def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
             "step": [r["step"] for r in evaluation],
             "mean": [r["eval_reward"] for r in evaluation],
             "std": [r.get("eval_reward_std", 0.0) for r in evaluation],
+        },
+        "tool_calls": {
+            "step": [r["step"] for r in train if "tools/call_frequency" in r],
+            "value": [r["tools/call_frequency"] for r in train if "tools/call_frequency" in r],
         },
     }
 
@@ -76,6 +80,9 @@ def plot_run(run_dir: str) -> str:
             capsize=3,
             label="eval reward ± std",
         )
+    calls = series["tool_calls"]
+    if calls["step"]:  # an agent run: tool calls per completion beside the reward
+        ax_r.plot(calls["step"], calls["value"], color="tab:green", linestyle=":", label="tool calls per completion")
     ax_r.set_ylabel("reward")
     ax_r.legend(loc="lower right")
     ax_r.grid(alpha=0.3)

@@ -31,10 +31,15 @@ def run_train(argv) -> int:
 
 
 def run_demo(extra_args) -> int:
+    """The built-in demo: `--demo` (a tiny model learns to repeat a digit) or `--demo tools` (it learns to call a
+    tool); any other arguments override the demo's config."""
     from grpokit.cli.demo import demo_config_path, make_demo_dir
-    from grpokit.demo import prepare_demo
+    from grpokit.demo import prepare_demo, prepare_tools_demo
 
-    out = "grpokit-demo"
+    tools = extra_args[:1] == ["tools"]
+    extra_args = extra_args[1:] if tools else extra_args
+    prepare = prepare_tools_demo if tools else prepare_demo
+    out = "grpokit-demo-tools" if tools else "grpokit-demo"
     for i, arg in enumerate(extra_args):
         if arg == "--output_dir" and i + 1 < len(extra_args):
             out = extra_args[i + 1]
@@ -51,16 +56,19 @@ def run_demo(extra_args) -> int:
     state = PartialState(cpu=cpu and not deepspeed, **({"backend": "gloo"} if cpu and deepspeed else {}))
     with state.local_main_process_first():
         make_demo_dir(out)
-        model_dir, data_path = prepare_demo(out)
+        model_dir, data_path = prepare(out)
     from grpokit.cli.launch_presets import take_launch_flags
     from grpokit.launch import under_launcher
 
     launching = bool(take_launch_flags(extra_args)[0]) and not under_launcher()  # the launched processes say it
     if state.is_main_process and not launching:
-        print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
+        if tools:
+            print(f"grpokit demo: a tiny model learns to open a vault with a tool before it answers ({out}/)")
+        else:
+            print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
     args = [
         "--config",
-        demo_config_path(),
+        demo_config_path("tools" if tools else "digits"),
         "--model_name_or_path",
         model_dir,
         "--dataset_name",
@@ -71,7 +79,7 @@ def run_demo(extra_args) -> int:
         "true",
         *extra_args,
     ]
-    return _train(args, demo=True, relaunch_argv=["--demo", *extra_args])
+    return _train(args, demo=True, relaunch_argv=["--demo", *(["tools"] if tools else []), *extra_args])
 
 
 def _engine_inputs(training_args) -> dict:
@@ -512,3 +520,6 @@ def _demo_verdict(output_dir) -> None:
     tail = rows[-max(1, len(rows) // 10) :]
     first, last = rows[0]["reward"], sum(r["reward"] for r in tail) / len(tail)
     print(f"demo: mean reward {first:.3f} at the first logged step, {last:.3f} over the last tenth of logged steps")
+    if "tools/call_frequency" in rows[0]:
+        calls = [r.get("tools/call_frequency", 0.0) for r in rows]
+        print(f"demo: tool calls per completion {calls[0]:.2f} at the first logged step, {calls[-1]:.2f} at the last")

@@ -1,0 +1,67 @@
+"""`grpokit train --demo tools`: a tiny model learns to call a tool (the vault demo of `grpokit.demo`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from grpokit.agents import check_tool_template, parse_turn, tool_suffix_ids
+from grpokit.cli import main
+from grpokit.demo import VAULT_CALL, Vault, build_vault_tokenizer, vault_reward
+
+
+def test_vault_reward_by_hand():
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}
+    read = {"role": "tool", "name": "open_vault", "content": "4"}
+    assert vault_reward(
+        [
+            [call, read, {"role": "assistant", "content": "41"}],  # opened, read, answered
+            [call, read, {"role": "assistant", "content": ""}],  # opened and read, no answer
+            [call, read],  # the answer turn was cut
+            [{"role": "assistant", "content": "7"}],  # answered without the tool
+            [{"role": "assistant", "content": "7"}, read],  # an answer before the tool does not count
+        ]
+    ) == [1.0, 0.5, 0.5, 0.0, 0.5]
+
+
+def test_the_vault_environment_and_its_tokenizer():
+    vault = Vault()
+    vault.reset(secret="6", prompt=[{"role": "user", "content": "?"}])
+    assert vault.open_vault() == "6" and vault.opened == 1
+    tok = build_vault_tokenizer()
+    assert len(tok) == 23
+    check_tool_template(tok)  # renders tools and calls; the delimiters are single tokens
+    call_ids = tok.convert_tokens_to_ids(["<tool_call>", VAULT_CALL, "</tool_call>", "<eos>"])
+    message = parse_turn(tok, call_ids)
+    assert message["tool_calls"] == [{"type": "function", "function": {"name": "open_vault", "arguments": {}}}]
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "open_vault", "content": "6"}])
+    assert tok.convert_ids_to_tokens(suffix) == ["<|tool|>", "6", "<eos>", "<|assistant|>"]
+
+
+def test_demo_tools_may_come_after_other_flags(capsys, monkeypatch):
+    import grpokit.cli.train
+
+    seen = []
+    monkeypatch.setattr(grpokit.cli.train, "run_demo", lambda args: seen.append(args) or 0)
+    assert main(["train", "--max_steps", "3", "--demo", "tools", "--output_dir", "x"]) == 0
+    assert seen == [["tools", "--max_steps", "3", "--output_dir", "x"]]
+
+
+def test_the_demo_learns_to_call_the_tool(tmp_path):
+    """The demo as the README runs it, shortened to 80 steps (about 30 s on 2 cores): the reward starts at 0.2 or
+    less (the warmed-up model calls the tool on ~15% of prompts) and ends at 0.8 or more, tool calls with it."""
+    out = tmp_path / "demo"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "tools", "--output_dir", str(out)]
+    command += ["--max_steps", "80", "--logging_steps", "1"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward" in r]
+    assert len(rows) == 80
+    assert rows[0]["reward"] <= 0.2 and rows[0]["tools/call_frequency"] <= 0.2
+    last = rows[-10:]
+    assert sum(r["reward"] for r in last) / 10 >= 0.8
+    assert sum(r["tools/call_frequency"] for r in last) / 10 >= 0.8
+    assert (out / "reward_curve.png").is_file()
+    assert "demo: tool calls per completion" in result.stdout
