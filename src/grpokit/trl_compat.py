@@ -133,11 +133,6 @@ class TRLCompatMixin:
         self.agent = None
         if self.rollout_func is not None and not callable(self.rollout_func):
             raise ValueError(f"rollout_func: {self.rollout_func!r} is not callable")
-        if self.rollout_func is not None and (tools or factory):
-            raise ValueError(
-                "rollout_func with tools or environment_factory: running the tool loop on a custom rollout's output is "
-                "not supported yet; run the tools inside rollout_func (return env_mask to mask their tokens)"
-            )
         if not (tools or factory):
             if args.max_tool_calling_iterations is not None:
                 raise ValueError(
@@ -250,6 +245,18 @@ class TRLCompatMixin:
                     raise ValueError(
                         f"rollout_func: logprobs of completion {i} has {len(lp)} values for {len(ids)} tokens"
                     )
+        if self.agent is not None:  # as TRL: the tool loop runs on the custom rollout's turns; env_mask is unused
+            mode = "train" if self.model.training else "eval"
+            output = self.agent.continue_rollouts(
+                prompt_ids,
+                completion_ids,
+                logprobs,
+                tokenizer=self.processing_class,
+                generator=self.generator,
+                settings=self._rollout_settings(mode),
+                dist=AcceleratorCollective(self.accelerator),
+            )
+            return (*output[:5], extra, None, [])
         completions = decode_completions(
             self.processing_class, completion_ids, conversational=is_conversational(prompts[0])
         )

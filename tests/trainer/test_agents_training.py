@@ -445,11 +445,47 @@ def test_environment_without_reset_is_refused(tok, make_args):
         make_trainer(tok, make_args, chat_rows(2), environment_factory=NoReset)
 
 
-def test_rollout_func_with_tools_is_refused(tok, make_args):
-    with pytest.raises(ValueError, match="rollout_func with tools or environment_factory"):
-        make_trainer(
-            tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup], rollout_func=lambda p, t: {}
+def test_rollout_func_with_tools_runs_the_tool_loop_on_its_turns(tok, make_args):
+    """As TRL: a custom rollout writes the first turns; the tool loop runs their calls and generates the next turns
+    through the trainer's backend; the rollout's env_mask is not used then (the tool mask is the loop's)."""
+
+    def rollout_func(prompts, trainer):
+        first = enc(tok, call("lookup", {"key": "a"}) + "<eos>")
+        return {
+            "prompt_ids": [enc(tok, "<|user|>hi<eos><|assistant|>")] * len(prompts),
+            "completion_ids": [first] * len(prompts),
+            "logprobs": None,
+            "env_mask": [[1] * len(first)] * len(prompts),
+            "source": ["custom"] * len(prompts),
+        }
+
+    seen = []
+
+    def reward(completions, source, **kwargs):
+        seen.append(list(source))
+        return tool_reward(completions)
+
+    trainer = make_trainer(
+        tok, make_args, chat_rows(2), reward_funcs=reward, tools=[lookup], rollout_func=rollout_func
+    )
+    force(trainer, tok, lambda i, _: "never<eos>")  # only turns after a tool turn reach the backend: "ok<eos>"
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+    (rollout,) = rollouts
+    first, suffix, after = (
+        enc(tok, t)
+        for t in (
+            call("lookup", {"key": "a"}) + "<eos>",
+            "<|tool|>VAL<eos><|assistant|>",
+            "ok<eos>",
         )
+    )
+    ids = first + suffix + after
+    assert rollout.completion_ids[0, : len(ids)].tolist() == ids
+    assert rollout.tool_mask[0, : len(ids)].tolist() == [1] * len(first) + [0] * len(suffix) + [1] * len(after)
+    assert [m["role"] for m in rollout.completions[0]] == ["assistant", "tool", "assistant"]
+    assert seen == [["custom"] * 4]
+    assert last_log_with(trainer, "tools/call_frequency")["tools/call_frequency"] == 1.0
 
 
 def test_no_reward_source(tok, make_args):

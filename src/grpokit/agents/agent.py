@@ -103,15 +103,33 @@ class Agent:
                 prompt_ids[i] = ids
         check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
         first = generator.generate(prompt_ids)
+        return self.continue_rollouts(
+            prompt_ids,
+            first.completion_ids,
+            first.logprobs,
+            tokenizer=tokenizer,
+            generator=generator,
+            settings=settings,
+            dist=dist,
+        )
+
+    def continue_rollouts(
+        self, prompt_ids, completion_ids, logprobs, *, tokenizer, generator, settings, dist: Collective = LOCAL
+    ) -> tuple:
+        """Run the tool loop from first turns already generated (by `generate`, or by a `rollout_func`, as TRL runs
+        its tools on a custom rollout's output): TRL's 8-tuple, as `generate` returns it."""
+        if len(self._toolboxes) != len(prompt_ids):
+            raise ValueError("Agent.continue_rollouts: call start(rows) for this batch first")
+        kwargs = dict(settings.chat_template_kwargs or {})
 
         def parse(i: int, ids: list[int], prefix: list[int]) -> dict:
             return parse_turn(tokenizer, ids, prefix=prefix, tools=self.schemas[self._names[i]] or None)
 
-        first_turns = [parse(i, ids, prompt_ids[i]) for i, ids in enumerate(first.completion_ids)]
+        first_turns = [parse(i, list(ids), list(prompt_ids[i])) for i, ids in enumerate(completion_ids)]
         self.last = run_tool_loop(
-            prompt_ids,
-            first.completion_ids,
-            first.logprobs,
+            [list(ids) for ids in prompt_ids],
+            completion_ids,
+            logprobs,
             first_turns,
             toolboxes=self._toolboxes,
             generate=generator.generate,
