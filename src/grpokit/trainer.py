@@ -93,6 +93,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
+        train_dataset = self._training_rows(args, train_dataset)
         check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
         resolve_precision(args)
         set_wandb_environment(args)

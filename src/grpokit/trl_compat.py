@@ -154,6 +154,29 @@ class TRLCompatMixin:
             raise ValueError(str(exc)) from None
         return self.agent.reward_functions()
 
+    def _training_rows(self, args, train_dataset):
+        """`train_dataset`, required as in TRL unless one environment owns the data (its `reset` writes the prompt):
+        then `max_steps` sets the length and one generation round of empty prompts, cycled, drives the loop."""
+        if train_dataset is not None:
+            return train_dataset
+        environments = None if self.agent is None else self.agent.environments
+        if environments is None:
+            raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
+        if environments.routed:
+            raise ValueError(
+                "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an "
+                "`environment` column to route each example to its environment; provide one, or pass a single factory"
+            )
+        if args.max_steps <= 0:
+            raise ValueError(
+                "without a `train_dataset` (the environment owns the data and writes the prompt in `reset()`), "
+                "`max_steps` must be set to a positive value to define the training length"
+            )
+        from datasets import Dataset
+
+        rows = args.generation_batch_size // args.num_generations
+        return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * rows})
+
     def _check_routing(self, train_dataset) -> None:
         """With environments by name, every row of the training set names one of them (checked before the model
         loads, not at the batch that meets the bad row)."""

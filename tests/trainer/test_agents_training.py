@@ -563,3 +563,47 @@ def test_resume_inside_a_round_keeps_the_trajectories(tok, make_args, tmp_path):
     assert torch.equal(resumed["tool_mask"], seen_first[1]["tool_mask"])
     assert torch.equal(resumed["completion_ids"], seen_first[1]["completion_ids"])
     assert (resumed["tool_mask"] == 0).any()  # the tool turns came back masked
+
+
+# ---- train_dataset, as TRL requires it
+
+
+class OwnsTheData:
+    """An environment that writes each rollout's prompt in reset (TRL: the dataset may then be omitted)."""
+
+    made = 0
+
+    def __init__(self):
+        OwnsTheData.made += 1
+        self.number = OwnsTheData.made
+
+    def reset(self, **row):
+        return f"task {self.number}"
+
+    def get_reward(self) -> float:
+        return float(self.number)
+
+
+def test_train_dataset_is_required_without_an_environment(tok, make_args):
+    with pytest.raises(ValueError, match=re.escape("`train_dataset` is required unless an `environment_factory` is")):
+        make_trainer(tok, make_args, None, reward_funcs=tool_reward, tools=[lookup])
+
+
+def test_an_environment_may_own_the_data(tok, make_args):
+    """No dataset: one generation round of empty prompts (4 rows / 2 generations = 2), each completed by its
+    environment's reset; max_steps sets the length."""
+    trainer = make_trainer(tok, make_args, None, environment_factory=OwnsTheData, args={"max_steps": 2})
+    assert trainer.train_dataset["prompt"] == [[{"role": "user", "content": ""}]] * 2
+    prompts = force(trainer, tok, lambda i, _: "done<eos>")
+    trainer.train()
+    assert trainer.state.global_step == 2
+    # Each round's 4 rollouts got their own instances (4 in the pool after the probe: numbers 1..4, reused).
+    seen = [tok.decode(ids).split("<|user|>")[1].split("<eos>")[0] for round_ in prompts for ids in round_]
+    assert sorted(seen[:4]) == sorted(seen[4:]) and len(set(seen[:4])) == 4 and seen[0].startswith("task ")
+
+
+def test_without_a_dataset_routed_environments_or_no_max_steps_are_refused(tok, make_args):
+    with pytest.raises(ValueError, match="A `dict` `environment_factory`.*requires a `train_dataset`"):
+        make_trainer(tok, make_args, None, environment_factory={"a": OwnsTheData})
+    with pytest.raises(ValueError, match="`max_steps` must be set to a positive value"):
+        make_trainer(tok, make_args, None, environment_factory=OwnsTheData, args={"max_steps": -1})
