@@ -6,7 +6,7 @@ predicate, `reward_processing_classes`, the warnings TRL gives at construction, 
 Each helper is a thin wrapper over grpokit's own functions (`grpokit.algorithms`, `grpokit.rollout`), with TRL's
 signature and results, and the trainer calls it where TRL does, so a subclass overriding one changes training as it
 would in TRL. The trainer keeps the state these read: `args`, `accelerator`, `_entropy_control`, `rewards`,
-`generator`, `processing_class`.
+`generator`, `processing_class`, `_dist` (the cross-process collective).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class TRLCompatMixin:
         own rewards (`get_reward`) come after the run's reward functions, with weight 1 each, as in TRL."""
         positions = getattr(self.accelerator.unwrap_model(self.model).config, "max_position_embeddings", None)
         settings = RolloutSettings.from_config(self.args, self._num_generations(mode), max_positions=positions)
-        owned = len(self.agent.reward_functions()) if self.agent is not None else 0
+        environments = None if self.agent is None else self.agent.environments
+        owned = 0 if environments is None else len(environments.reward_classes)
         if owned and settings.reward_weights is not None:
             settings.reward_weights = [*settings.reward_weights, *[1.0] * owned]
         return settings
@@ -225,7 +226,7 @@ class TRLCompatMixin:
         if loop is None:
             return {}
         self._completion_log.add_tool_calls([[dict(vars(call)) for call in calls] for calls in loop.calls])
-        dist = AcceleratorCollective(self.accelerator)
+        dist = self._dist
         failed = [(i, call) for i, calls in enumerate(loop.calls) for call in calls if call.failed]
         if failed:  # named: which tool, with what, on which completion (the records have them all)
             i, call = failed[0]
@@ -244,7 +245,7 @@ class TRLCompatMixin:
             "tools/failure_frequency": failures / calls if calls else 0.0,
         }
 
-    def _custom_rollout(self, prompts: list) -> tuple:
+    def _custom_rollout(self, prompts: list, settings: RolloutSettings) -> tuple:
         """TRL's `rollout_func(prompts, trainer)`: a dict with prompt_ids, completion_ids and logprobs (one entry per
         prompt); `env_mask` becomes the tool mask; every other key goes to the reward functions as a column."""
         output = self.rollout_func(prompts, self)
@@ -269,15 +270,14 @@ class TRLCompatMixin:
                         f"rollout_func: logprobs of completion {i} has {len(lp)} values for {len(ids)} tokens"
                     )
         if self.agent is not None:  # as TRL: the tool loop runs on the custom rollout's turns; env_mask is unused
-            mode = "train" if self.model.training else "eval"
             output = self.agent.continue_rollouts(
                 prompt_ids,
                 completion_ids,
                 logprobs,
                 tokenizer=self.processing_class,
                 generator=self.generator,
-                settings=self._rollout_settings(mode),
-                dist=AcceleratorCollective(self.accelerator),
+                settings=settings,
+                dist=self._dist,
             )
             return (*output[:5], extra, None, [])
         completions = decode_completions(
@@ -302,14 +302,10 @@ class TRLCompatMixin:
         mode = "train" if self.model.training else "eval"
         settings = self._rollout_settings(mode)
         if self.rollout_func is not None:
-            return self._custom_rollout(prompts)
+            return self._custom_rollout(prompts, settings)
         if self.agent is not None:
             return self.agent.generate(
-                prompts,
-                tokenizer=self.processing_class,
-                generator=self.generator,
-                settings=settings,
-                dist=AcceleratorCollective(self.accelerator),
+                prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings, dist=self._dist
             )
         return generate_completions(
             prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings
