@@ -607,3 +607,34 @@ def test_without_a_dataset_routed_environments_or_no_max_steps_are_refused(tok, 
         make_trainer(tok, make_args, None, environment_factory={"a": OwnsTheData})
     with pytest.raises(ValueError, match="`max_steps` must be set to a positive value"):
         make_trainer(tok, make_args, None, environment_factory=OwnsTheData, args={"max_steps": -1})
+
+
+def test_tool_timeout_reaches_the_tools(tok, make_args):
+    """`tool_timeout` from the config bounds each call: a hanging tool ends with an error result, counted failed."""
+    import threading
+
+    release = threading.Event()
+
+    def hang(x: int) -> str:
+        """Never answers in time.
+
+        Args:
+            x: anything
+        """
+        release.wait(10)
+        return "late"
+
+    trainer = make_trainer(
+        tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[hang], args={"tool_timeout": 0.2}
+    )
+    force(trainer, tok, lambda i, _: call("hang", {"x": 1}) + "<eos>")
+    rollouts = capture_rollouts(trainer)
+    try:
+        trainer.train()
+    finally:
+        release.set()
+    assert all(
+        c[1] == {"role": "tool", "name": "hang", "content": "{'error': 'timed out after 0.2 s'}"}
+        for c in rollouts[0].completions
+    )
+    assert last_log_with(trainer, "tools/failure_frequency")["tools/failure_frequency"] == 1.0
