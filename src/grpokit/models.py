@@ -37,11 +37,14 @@ def from_pretrained_kwargs(model_init_kwargs: dict | None, trust_remote_code: bo
 
 
 def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool):
-    from transformers import AutoModelForCausalLM
+    """The policy from a path or hub id: a causal LM, or with a vision tower (its config has a `vision_config`) an
+    image-text-to-text model, as TRL loads them."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(
-        model_id, **from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
-    )
+    kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    config = AutoConfig.from_pretrained(model_id, trust_remote_code=kwargs["trust_remote_code"])
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+    return auto.from_pretrained(model_id, **kwargs)
 
 
 def load_tokenizer(model_id: str, **kwargs):
@@ -192,26 +195,44 @@ def reference_policy(model) -> Iterator[None]:
 
 
 def prepare_tokenizer(model, processing_class, trust_remote_code: bool = False, chat_template: str | None = None):
-    """The policy's tokenizer (loaded from the model's path when not given, padding and truncating on the left),
-    with a pad token, which the model's configs are told about, and `chat_template` (when given) in place of its
-    own."""
-    from transformers import PreTrainedTokenizerBase
+    """The policy's processing class: a tokenizer, or for a vision-language model (its config has a
+    `vision_config`) a processor (`AutoProcessor`), loaded from the model's path when not given. Its tokenizer pads
+    and truncates on the left and has a pad token, which the model's configs are told about; `chat_template` (when
+    given) replaces its own."""
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+    from .vision import is_vision_model
 
     if processing_class is None:
-        processing_class = load_tokenizer(
-            model_id(model), truncation_side="left", padding_side="left", trust_remote_code=trust_remote_code
-        )
-    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        kwargs = dict(truncation_side="left", padding_side="left", trust_remote_code=trust_remote_code)
+        if is_vision_model(model):
+            from transformers import AutoProcessor
+
+            processing_class = AutoProcessor.from_pretrained(model_id(model), **kwargs)
+        else:
+            processing_class = load_tokenizer(model_id(model), **kwargs)
+    if isinstance(processing_class, ProcessorMixin):
+        tokenizer = processing_class.tokenizer
+        # Right padding misaligns image features (Gemma3, Idefics3) or fails (Qwen2-VL): prompts pad on the left.
+        tokenizer.padding_side = tokenizer.truncation_side = "left"
+    elif isinstance(processing_class, PreTrainedTokenizerBase):
+        tokenizer = processing_class
+        if is_vision_model(model):
+            raise TypeError(
+                f"{type(model).__name__} is a vision-language model: pass its processor (AutoProcessor) as "
+                f"processing_class, not a tokenizer ({type(processing_class).__name__})"
+            )
+    else:
         raise TypeError(
-            f"processing_class must be a tokenizer; got {type(processing_class).__name__} (multimodal processors are "
-            "not supported yet)"
+            f"processing_class must be a tokenizer or a processor (ProcessorMixin); got "
+            f"{type(processing_class).__name__}"
         )
-    if processing_class.pad_token is None:
-        processing_class.pad_token = processing_class.eos_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     if chat_template is not None:
         processing_class.chat_template = chat_template
-    model.config.get_text_config().pad_token_id = processing_class.pad_token_id
-    model.generation_config.pad_token_id = processing_class.pad_token_id
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     return processing_class
 
 
@@ -288,7 +309,9 @@ def build_models(model, processing_class, peft_config, args) -> TrainerModels:
     elif args.model_init_kwargs:
         logger.warning("model_init_kwargs is ignored: the model is already instantiated")
     tokenizer = prepare_tokenizer(model, processing_class, args.trust_remote_code, args.chat_template)
-    eos_ids = eos_token_ids(model, tokenizer)
+    from .vision import tokenizer_of
+
+    eos_ids = eos_token_ids(model, tokenizer_of(tokenizer))
     model, reference = prepare_policy(
         model,
         peft_config,

@@ -156,3 +156,139 @@ def save_tiny(path, **model_kwargs):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+# ---------------------------------------------------------------------------------------------------- vision-language
+
+VLM_FAMILIES = ("llava", "idefics3", "gemma3")
+
+
+def _vlm_template(image_text: str) -> str:
+    """`CHAT_TEMPLATE` for content blocks: an image block renders as `image_text` (the processor expands it)."""
+    return (
+        "{% for message in messages %}{{ '<|' + message['role'] + '|>' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '" + image_text + "' }}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<eos>' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    )
+
+
+def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32):
+    """A random-init vision-language model of `family` (one of `VLM_FAMILIES`) and its real processor class over
+    `build_tokenizer`'s characters plus the family's image tokens, with PIL image processors (no torchvision):
+    `(model, processor)`. Images are resized to 28-32 pixels and become 4 image tokens each."""
+    import torch
+    from transformers import AddedToken
+
+    tokenizer = build_tokenizer()
+    text = dict(
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+
+    def add_tokens(tokens, named=None):
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": [*SPECIAL_TOKENS[4:], *(AddedToken(t, special=True) for t in tokens)]}
+        )
+        if named:
+            tokenizer._set_model_specific_special_tokens(special_tokens=named)
+
+    if family == "llava":
+        from transformers import (
+            CLIPVisionConfig,
+            LlavaConfig,
+            LlavaForConditionalGeneration,
+            LlavaProcessor,
+            Qwen2Config,
+        )
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+        add_tokens(["<image>"])
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+        processor = LlavaProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=14,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=_vlm_template("<image>"),
+        )
+        config = LlavaConfig(
+            vision_config=CLIPVisionConfig(**vision, image_size=28, patch_size=14),
+            text_config=Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, **text),
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+            vision_feature_select_strategy="default",
+        )
+        model_cls = LlavaForConditionalGeneration
+    elif family == "idefics3":
+        from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+        add_tokens(["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"])
+        image_processor = Idefics3ImageProcessorPil(
+            size={"longest_edge": 32}, max_image_size={"longest_edge": 32}, do_image_splitting=False
+        )
+        processor = Idefics3Processor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            image_seq_len=4,
+            chat_template=_vlm_template("<image>"),
+        )
+        config = Idefics3Config(
+            vision_config=dict(**vision, image_size=32, patch_size=8),
+            text_config=LlamaConfig(vocab_size=len(tokenizer), **text),
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+            scale_factor=2,
+        )
+        model_cls = Idefics3ForConditionalGeneration
+    elif family == "gemma3":
+        from transformers import (
+            Gemma3Config,
+            Gemma3ForConditionalGeneration,
+            Gemma3Processor,
+            Gemma3TextConfig,
+            SiglipVisionConfig,
+        )
+        from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+        marks = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+        add_tokens(list(marks.values()), marks)
+        processor = Gemma3Processor(
+            image_processor=Gemma3ImageProcessorPil(size={"height": 28, "width": 28}),
+            tokenizer=tokenizer,
+            image_seq_length=4,
+            chat_template=_vlm_template("<start_of_image>"),
+        )
+        config = Gemma3Config(
+            vision_config=SiglipVisionConfig(**vision, image_size=28, patch_size=7),
+            text_config=Gemma3TextConfig(vocab_size=len(tokenizer), head_dim=8, **text),
+            mm_tokens_per_image=4,
+            image_token_id=tokenizer.convert_tokens_to_ids("<image_soft_token>"),
+            boi_token_id=tokenizer.convert_tokens_to_ids("<start_of_image>"),
+            eoi_token_id=tokenizer.convert_tokens_to_ids("<end_of_image>"),
+        )
+        model_cls = Gemma3ForConditionalGeneration
+    else:
+        raise ValueError(f"family={family!r}: one of {', '.join(VLM_FAMILIES)}")
+    config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    config.get_text_config().eos_token_id = tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model, processor
+
+
+def random_image(seed: int = 0, size: tuple[int, int] = (30, 40)):
+    """A random RGB PIL image (`size` = width, height)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))

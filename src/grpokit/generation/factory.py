@@ -26,6 +26,7 @@ def build_generator(
     eos_token_ids: Sequence[int],
     device: torch.device | str | None = None,
     dist: Collective = LOCAL,
+    never_sample: Sequence[int] = (),
 ) -> GenerationBackend:
     """The backend `args` asks for.
 
@@ -38,16 +39,18 @@ def build_generator(
         eos_token_ids: every id that ends a completion.
         device: where prompts go for transformers' `generate`.
         dist: the cross-process operations (vLLM gathers prompts across its tensor-parallel group).
+        never_sample: token ids generation must not sample (a vision-language model's image placeholders: one
+            sampled would no longer match the image features). vLLM never samples them on its own.
     """
     if not args.use_vllm:
-        return _transformers_generator(args, policy, tokenizer, eos_token_ids, device)
+        return _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample)
     dtype_name = str(dtype).removeprefix("torch.")
     if args.vllm_mode == "server":
         return _server_generator(args, model_path, eos_token_ids, dist)
     return _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist)
 
 
-def _transformers_generator(args, policy, tokenizer, eos_token_ids, device) -> TransformersGenerator:
+def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample) -> TransformersGenerator:
     from transformers import GenerationConfig
 
     generation_kwargs = {
@@ -62,6 +65,7 @@ def _transformers_generator(args, policy, tokenizer, eos_token_ids, device) -> T
         "min_p": args.min_p,
         "repetition_penalty": args.repetition_penalty,
         "cache_implementation": args.cache_implementation,
+        **({"suppress_tokens": list(never_sample)} if never_sample else {}),
         **(args.generation_kwargs or {}),  # they win over the fields above, as in TRL
     }
     return TransformersGenerator(

@@ -59,7 +59,9 @@ class TransformersGenerator:
         return self.model_context()
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]]) -> Generated:
+    def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
+        """Completions of every prompt; `vision` (a `grpokit.vision.VisionRows`, one entry per prompt) holds a
+        vision-language model's image inputs."""
         input_ids = pad(prompt_ids, value=self.pad_token_id, side="left", multiple_of=self.pad_to_multiple_of)
         attention_mask = pad(
             [[1] * len(p) for p in prompt_ids], value=0, side="left", multiple_of=self.pad_to_multiple_of
@@ -67,17 +69,20 @@ class TransformersGenerator:
         with self._context() as model:
             device = self.device if self.device is not None else model.device
             inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-            output = self._generate(model, inputs)
+            if vision is not None:
+                inputs.update(vision.model_inputs(input_ids.size(1), device=device))
+            output = self._generate(model, inputs, shared_prefix=vision is None)
         completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
         return Generated([cut_after_eos(ids, self.eos_token_ids) for ids in completions])
 
     def sync_weights(self, model) -> None:
         """Nothing to push: `generate` runs the live policy."""
 
-    def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
+    def _generate(self, model, inputs: dict[str, Tensor], shared_prefix: bool = True) -> Tensor:
         # With sharded parameters (ZeRO-3 through its hooks, FSDP2) every forward call gathers weights with the other
         # ranks: plain `generate` keeps them in step (synced_gpus), where grpokit's loop would let finished ranks stop.
-        if self.share_prefix and _standard_causal_lm(model) and not is_sharded(model):
+        # Image inputs go through plain `generate` too: the shared-prefix loop prefills text only.
+        if self.share_prefix and shared_prefix and _standard_causal_lm(model) and not is_sharded(model):
             from .decoding import Unsupported, shared_prefix_decoding
 
             try:

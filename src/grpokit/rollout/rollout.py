@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpokit import vision
 from grpokit.algorithms import group_advantages, reward_metrics, vllm_importance_weights, vllm_sampling_metrics
 from grpokit.dist import LOCAL, Collective
 from grpokit.generation import (
@@ -28,7 +29,8 @@ from grpokit.generation import (
 
 from .rewards import RewardError, RewardFunctions, column_values
 
-# (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C) -> per-token log-probabilities (B, C)
+# (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C[, vision=VisionRows]) -> log-probabilities (B, C);
+# `vision` is passed only for a vision-language model's rows
 LogpsFn = Callable[[Tensor, Tensor, int], Tensor]
 
 # TRL 1.16's `GRPOTrainer._generate(prompts)` result, one entry per prompt in each list: (prompt_ids, completion_ids,
@@ -123,6 +125,7 @@ class Rollout:
     ref_logps: Tensor | None = None  # (B, C) under the reference model, when beta > 0
     sampling_logps: Tensor | None = None  # (B, C) the generation backend's own logprobs (vLLM), NaN where unknown
     importance_sampling_ratio: Tensor | None = None  # (B, C) or (B, 1) pi_old / pi_sampler weights (vLLM correction)
+    vision: vision.VisionRows | None = None  # a vision-language model's image inputs, one entry per row
     # Logging, over all processes (N = B x processes rows)
     prompts: list = field(default_factory=list)
     completions: list = field(default_factory=list)
@@ -147,13 +150,17 @@ class Rollout:
         tensors = {f.name: getattr(self, f.name) for f in fields(self) if f.name in ROW_FIELDS}
         tensors = {k: v[order.to(v.device)] for k, v in tensors.items() if v is not None}
         size = rows // n
-        return [
+        batches = [
             {
                 **{k: v[i * size : (i + 1) * size] for k, v in tensors.items()},
                 "num_items_in_batch": self.num_items_in_batch,
             }
             for i in range(n)
         ]
+        if self.vision is not None:
+            for i, batch in enumerate(batches):
+                batch["vision"] = self.vision.select(order[i * size : (i + 1) * size])
+        return batches
 
 
 def produce_rollout(
@@ -175,20 +182,29 @@ def produce_rollout(
     generation, groups consecutive across the processes' batches in process order).
 
     Args:
-        rows: this process's rows; each has a `prompt` (text or messages) and any other columns for the rewards.
+        rows: this process's rows; each has a `prompt` (text or messages) and any other columns for the rewards; an
+            `image` or `images` column puts its images into the (conversational) prompt, as in TRL.
+        tokenizer: the policy's processing class: a tokenizer, or a vision-language model's processor.
         old_logps_fn: scores the completions under the current policy; None when updates are on-policy.
         ref_logps_fn: scores them under the reference model; None when beta = 0.
         reward_kwargs: extra keywords for reward functions (`trainer_state`, `log_extra`, `log_metric`).
         generate: replaces `generate_completions` (the trainer passes its `_generate`, TRL's hook); its extra fields
             reach the reward functions as columns.
     """
-    prompts = [row["prompt"] for row in rows]
+    processor, tokenizer = tokenizer, vision.tokenizer_of(tokenizer)
+    prompts = [
+        vision.attach_images(row["prompt"], vision.row_images(row, i), i)
+        if vision.has_image_column(row)
+        else row["prompt"]
+        for i, row in enumerate(rows)
+    ]
     if generate is None:
-        generate = functools.partial(generate_completions, tokenizer=tokenizer, generator=generator, settings=settings)
+        generate = functools.partial(generate_completions, tokenizer=processor, generator=generator, settings=settings)
     prompt_id_lists, completion_id_lists, tool_masks, completions, logprobs, extra_fields = _generated(
         generate(prompts)
     )
     columns = {**column_values(rows), **_extra_columns(extra_fields, len(rows))}
+    vision_rows = _vision_rows(processor, prompts, prompt_id_lists, settings, device)
 
     batch = _pad_batch(prompt_id_lists, completion_id_lists, tokenizer.pad_token_id, settings, device)
     truncated = torch.tensor(
@@ -204,9 +220,10 @@ def produce_rollout(
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+C)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+C)
     logits_to_keep = batch["completion_ids"].size(1)
+    scoring = {"vision": vision_rows} if vision_rows is not None else {}
     with torch.no_grad():
-        old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep) if old_logps_fn else None
-        ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep) if ref_logps_fn else None
+        old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep, **scoring) if old_logps_fn else None
+        ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep, **scoring) if ref_logps_fn else None
     sampling_logps = None
     if logprobs is not None:
         sampling_logps = pad(
@@ -244,7 +261,8 @@ def produce_rollout(
         ref_logps=ref_logps,
         sampling_logps=sampling_logps,
         importance_sampling_ratio=importance_sampling_ratio,
-        prompts=dist.gather_object(prompts),
+        vision=vision_rows,
+        prompts=dist.gather_object([vision.without_images(p) for p in prompts]),
         completions=dist.gather_object(completions),
         rewards=all_rewards.cpu(),
         all_advantages=all_advantages.cpu(),
@@ -260,26 +278,77 @@ def generate_completions(
     """Tokenize `prompts` (text or messages), generate one completion per prompt with `generator`, and decode them,
     returning what TRL 1.16's `GRPOTrainer._generate` returns: `(prompt_ids, completion_ids, tool_mask, completions,
     logprobs, extra_fields, images, tool_images)`, lists with one entry per prompt; `logprobs` None where the backend
-    samples from the training model itself; no tool mask or images here (`None`, `{}`, `None`, `[]`)."""
-    prompt_ids = encode_prompts(
-        tokenizer,
+    samples from the training model itself; no tool mask here (`None`, `{}`). With a vision-language model's
+    processor as `tokenizer`, conversational prompts are encoded with their images (`grpokit.vision`) and `images`
+    holds each prompt's images (None where it has none, None when no prompt has any), as in TRL."""
+    images = None
+    if vision.is_processor(tokenizer) and is_conversational(prompts[0]):
+        prompt_ids, vision_rows = vision.encode_vision_prompts(
+            tokenizer,
+            prompts,
+            max_prompt_length=settings.max_prompt_length,
+            chat_template_kwargs=settings.chat_template_kwargs,
+        )
+        check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
+        generated = _generate_with_images(generator, prompt_ids, vision_rows)
+        images = [vision.prompt_images(p) or None for p in prompts]
+        images = images if any(images) else None
+    else:
+        prompt_ids = encode_prompts(
+            tokenizer,
+            prompts,
+            max_prompt_length=settings.max_prompt_length,
+            chat_template_kwargs=settings.chat_template_kwargs,
+        )
+        check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
+        generated = generator.generate(prompt_ids)
+    completions = decode_completions(
+        vision.tokenizer_of(tokenizer), generated.completion_ids, conversational=is_conversational(prompts[0])
+    )
+    return prompt_ids, generated.completion_ids, None, completions, generated.logprobs, {}, images, []
+
+
+def _generate_with_images(generator: GenerationBackend, prompt_ids: list[list[int]], vision_rows):
+    """Generation with a vision-language model's image inputs; a backend that cannot take them says so."""
+    try:
+        return generator.generate(prompt_ids, vision=vision_rows)
+    except TypeError as exc:
+        if "vision" not in str(exc):
+            raise
+        raise ValueError(
+            f"{type(generator).__name__} does not generate from images; train vision-language models with "
+            "transformers' generate (use_vllm=False)"
+        ) from None
+
+
+def _vision_rows(processor, prompts: list, prompt_ids: list[list[int]], settings: RolloutSettings, device):
+    """The image inputs the scoring passes need for a vision-language model's rows (None for a tokenizer), encoded
+    from the prompts as generation encoded them; they must give the same prompt tokens `_generate` returned."""
+    if not vision.is_processor(processor) or not is_conversational(prompts[0]):
+        return None
+    ids, rows = vision.encode_vision_prompts(
+        processor,
         prompts,
         max_prompt_length=settings.max_prompt_length,
         chat_template_kwargs=settings.chat_template_kwargs,
     )
-    check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
-    generated = generator.generate(prompt_ids)
-    completions = decode_completions(tokenizer, generated.completion_ids, conversational=is_conversational(prompts[0]))
-    return prompt_ids, generated.completion_ids, None, completions, generated.logprobs, {}, None, []
+    for i, (mine, theirs) in enumerate(zip(ids, prompt_ids, strict=True)):
+        if list(mine) != list(theirs):
+            raise ValueError(
+                f"prompt {i}: _generate returned prompt ids that differ from the processor's encoding of the prompt "
+                "with its images; the image inputs would not match them"
+            )
+    return rows.to(device)
 
 
 def _generated(output: tuple) -> tuple:
     """`(prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields)` of a `_generate` result (TRL's
-    8-tuple). Images (vision models) are refused in one line: dropping them silently would train on a prompt the
-    model never saw. A tool mask must have one entry per completion token."""
+    8-tuple). `images` are the prompts' own (the rollout encodes them again for scoring); images from tool turns are
+    refused in one line: dropping them silently would train on turns the model never saw. A tool mask must have one
+    entry per completion token."""
     prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images = output
-    if images is not None or any(tool_images or []):
-        raise ValueError("_generate returned images or tool_images: images are not supported yet; return None and []")
+    if any(tool_images or []):
+        raise ValueError("_generate returned tool_images: images in tool turns are not supported yet; return []")
     if tool_mask is not None:
         tool_mask = [list(mask) for mask in tool_mask]
         for i, (mask, ids) in enumerate(zip(tool_mask, completion_ids, strict=True)):

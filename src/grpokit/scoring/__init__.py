@@ -48,6 +48,7 @@ def score_tokens(
     entropy_grad: bool = True,
     compute_aux_loss: bool = False,
     share_prefix: bool = True,
+    vision=None,
 ) -> TokenScores:
     """Log-probabilities of the last `logits_to_keep` tokens of each row under `model`.
 
@@ -63,12 +64,14 @@ def score_tokens(
             the autograd graph (logging, entropy masks).
         compute_aux_loss: ask a Mixture-of-Experts model for its router load-balancing loss (plain pass).
         share_prefix: use the shared-prefix pass where the model allows it.
+        vision: a vision-language model's image inputs (`grpokit.vision.VisionRows`, one entry per row); the plain
+            pass then runs, giving each chunk of rows its own images.
 
     Returns:
         `TokenScores` with `(B, C)` float32 tensors; gradients flow unless called under `torch.no_grad()`. Positions
         where the completion is padding hold arbitrary values (0 in the shared-prefix pass).
     """
-    lm = shared_prefix_model(model) if share_prefix and not compute_aux_loss else None
+    lm = shared_prefix_model(model) if share_prefix and not compute_aux_loss and vision is None else None
     chunk_size = chunk_size or input_ids.size(0)
     entropy = "none" if not compute_entropy else "grad" if entropy_grad else "detached"
     logps, entropies, aux_losses = [], [], []
@@ -79,8 +82,22 @@ def score_tokens(
                 lm, input_ids[rows], attention_mask[rows], logits_to_keep, temperature=temperature, entropy=entropy
             )
         else:
+            extra = (
+                {}
+                if vision is None
+                else vision.model_inputs(
+                    input_ids.size(1) - logits_to_keep, logits_to_keep, rows=rows, device=input_ids.device
+                )
+            )
             chunk_logps, chunk_entropies, aux_loss = _score_plain(
-                model, input_ids[rows], attention_mask[rows], logits_to_keep, temperature, entropy, compute_aux_loss
+                model,
+                input_ids[rows],
+                attention_mask[rows],
+                logits_to_keep,
+                temperature,
+                entropy,
+                compute_aux_loss,
+                extra,
             )
             aux_losses.append(aux_loss)
         logps.append(chunk_logps)
@@ -92,9 +109,10 @@ def score_tokens(
     )
 
 
-def _score_plain(model, input_ids, attention_mask, logits_to_keep, temperature, entropy, compute_aux_loss):
-    """`(logps, entropies or None, aux_loss or None)` of one chunk of rows by the model's own forward pass."""
-    extra = {"output_router_logits": True} if compute_aux_loss else {}
+def _score_plain(model, input_ids, attention_mask, logits_to_keep, temperature, entropy, compute_aux_loss, extra):
+    """`(logps, entropies or None, aux_loss or None)` of one chunk of rows by the model's own forward pass; `extra`:
+    more model inputs (images)."""
+    extra = {**extra, "output_router_logits": True} if compute_aux_loss else extra
     # One more logit than completion tokens: position t predicts token t + 1, so the logits that predict the C
     # completion tokens are those of the C positions before the last one.
     outputs = model(
