@@ -292,3 +292,11 @@ def random_image(seed: int = 0, size: tuple[int, int] = (30, 40)):
 
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def save_tiny_vlm(path, family: str = "llava", **kwargs):
+    """Write a tiny vision-language model and its processor to `path` (usable as `model_name_or_path`)."""
+    model, processor = build_vlm(family, **kwargs)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return str(path)

@@ -1,0 +1,192 @@
+"""Vision-language GRPO end to end on tiny local models of three families (LLaVA, Idefics3, Gemma3), each with its
+real processor class: training changes the weights (the vision tower's included), images travel with their rows
+through shuffled micro-batches, image tokens are never sampled, a model given by path loads with its processor, a
+TRL script runs with only the import changed, and bad image rows stop the run in one line before the model loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import datasets
+import pytest
+import torch
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.scoring import score_tokens
+from grpokit.tiny import VLM_FAMILIES, build_model, build_tokenizer, build_vlm, random_image, save_tiny_vlm
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c[0]["content"]) % 5) for c in completions]
+
+
+def image_rows(n=4, column="images"):
+    """Rows with 1 or 2 images each (mixed in one batch), or one `image` each."""
+    rows = []
+    for i in range(n):
+        images = [random_image(10 * i + k) for k in range(1 + i % 2)]
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"Describe {i}"}],
+                column: images if column == "images" else images[0],
+            }
+        )
+    return datasets.Dataset.from_list(rows)
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-2,
+        beta=0.1,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=3,
+    )
+    return GRPOConfig(**{**values, **overrides})
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_each_family_trains_and_changes_text_and_vision_weights(family, tmp_path):
+    model, processor = build_vlm(family)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=config(tmp_path),
+        train_dataset=image_rows(),
+        processing_class=processor,
+    )
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert any("vision" in n for n in changed), sorted(changed)[:5]
+    assert any("language_model" in n or "text_model" in n for n in changed), sorted(changed)[:5]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    image_ids = {processor.tokenizer.convert_tokens_to_ids(t) for t in ("<image>", "<image_soft_token>")} - {
+        processor.tokenizer.unk_token_id
+    }
+    assert image_ids <= set(trainer.generator.generation_config.suppress_tokens)
+
+
+def test_images_travel_with_their_rows_through_shuffled_micro_batches(tmp_path):
+    """Off-policy (2 micro-batches per round, one per optimizer step): the old log-probabilities are scored on the
+    whole round at once; each shuffled micro-batch scored with its own rows' images gives the same numbers."""
+    model, processor = build_vlm("idefics3")  # images padded per prompt: the hardest layout to keep aligned
+    args = config(tmp_path, steps_per_generation=2, per_device_train_batch_size=2, max_steps=1)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=image_rows(), processing_class=processor
+    )
+    rows = [trainer.train_dataset[i] for i in (0, 0, 1, 1)]
+    rollout = trainer._rollout(rows, "train")
+    assert rollout.old_logps is not None and len(rollout.vision) == 4
+    torch.manual_seed(0)
+    for batch in rollout.micro_batches(2):
+        with torch.no_grad():
+            scores = score_tokens(
+                trainer.model,
+                torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                batch["completion_ids"].size(1),
+                vision=batch["vision"],
+            )
+        mask = batch["completion_mask"].bool()
+        torch.testing.assert_close(scores.logps[mask], batch["old_logps"][mask], atol=1e-5, rtol=1e-5)
+
+
+def test_a_single_image_column_and_a_model_given_by_path(tmp_path):
+    path = save_tiny_vlm(tmp_path / "vlm", "gemma3")
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=length_reward,
+        args=config(tmp_path / "out", max_steps=1),
+        train_dataset=image_rows(column="image"),
+    )
+    assert type(trainer.model).__name__ == "Gemma3ForConditionalGeneration"
+    assert type(trainer.processing_class).__name__ == "Gemma3Processor"
+    assert trainer.processing_class.tokenizer.padding_side == "left"
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_a_trl_vlm_script_runs_with_only_the_import_changed(tmp_path):
+    script = os.path.join(ROOT, "examples", "trl_vlm_script.py")
+    with open(script) as f:
+        imports = [line.strip() for line in f if line.startswith(("import ", "from "))]
+    assert [line for line in imports if "grpokit" in line or "trl" in line] == [
+        "from grpokit import GRPOConfig, GRPOTrainer"
+    ]
+    path = save_tiny_vlm(tmp_path / "vlm", "llava")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, script, "--model_name_or_path", path, "--output_dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'rewards/reward_names_colour/mean'" in result.stdout
+    assert os.path.exists(tmp_path / "out" / "model.safetensors")
+    assert os.path.exists(tmp_path / "out" / "processor_config.json")
+
+
+def _refusal(tmp_path, dataset, model="no/such-model-was-loaded", **kwargs):
+    with pytest.raises(ValueError) as info:
+        GRPOTrainer(model=model, reward_funcs=length_reward, args=config(tmp_path), train_dataset=dataset, **kwargs)
+    return str(info.value)
+
+
+def test_bad_image_rows_stop_before_the_model_loads(tmp_path):
+    good = random_image(0)
+    missing = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": "a"}], "image": str(tmp_path / "gone.png")}]
+    )
+    assert "train row 0: column 'image': image file" in _refusal(tmp_path, missing)
+    assert "gone.png' not found" in _refusal(tmp_path, missing)
+    text_prompt = datasets.Dataset.from_list([{"prompt": "describe", "images": [good]}])
+    assert "train row 0: has images but its prompt is text" in _refusal(tmp_path, text_prompt)
+    blocks = [{"type": "image", "text": None}, {"type": "text", "text": "b"}]
+    too_many = datasets.Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": blocks}], "images": [good]},
+            {"prompt": [{"role": "user", "content": blocks}], "images": [good, good]},
+        ]
+    )
+    message = _refusal(tmp_path, too_many)
+    assert "train row 1: 2 image(s) but 1 image placeholder(s) in its prompt" in message
+    assert "no/such-model" not in message  # refused before loading
+
+
+def test_an_image_in_a_text_only_models_prompt_is_refused(tmp_path):
+    tokenizer = build_tokenizer()
+    with pytest.raises(ValueError, match=r"train row 0: has an image \(column 'images'\) but the model is text-only"):
+        GRPOTrainer(
+            model=build_model(tokenizer),
+            reward_funcs=length_reward,
+            args=config(tmp_path),
+            train_dataset=image_rows(),
+            processing_class=tokenizer,
+        )
+
+
+def test_a_vision_model_with_a_plain_tokenizer_is_refused(tmp_path):
+    model, processor = build_vlm("llava")
+    with pytest.raises(
+        TypeError, match="LlavaForConditionalGeneration is a vision-language model: pass its processor"
+    ):
+        GRPOTrainer(
+            model=model,
+            reward_funcs=length_reward,
+            args=config(tmp_path),
+            train_dataset=image_rows(),
+            processing_class=processor.tokenizer,
+        )
