@@ -165,7 +165,20 @@ def apply_peft(model, peft_config):
             "got both a PeftModel and a peft_config: merge and unload the existing adapter, or pass the base model "
             "with the peft_config"
         )
+    from .vision import is_vision_model
+
+    if is_vision_model(model) and getattr(peft_config, "exclude_modules", "absent") is None:
+        import copy
+
+        # The vision tower and its projector stay as they are (no adapters): a copy, the caller's config is kept.
+        peft_config = copy.copy(peft_config)
+        peft_config.exclude_modules = VISION_MODULES
     return get_peft_model(model, peft_config)
+
+
+# A vision-language model's vision tower and projector, by the module names transformers' VLMs use; LoRA leaves them
+# without adapters unless the peft config sets exclude_modules itself.
+VISION_MODULES = r".*(vision_tower|vision_model|visual|multi_modal_projector|connector|vision_embed)\b.*"
 
 
 def add_reference_adapter(model) -> None:

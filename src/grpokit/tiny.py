@@ -174,7 +174,7 @@ def _vlm_template(image_text: str) -> str:
     )
 
 
-def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32):
+def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32, num_heads: int = 4):
     """A random-init vision-language model of `family` (one of `VLM_FAMILIES`) and its real processor class over
     `build_tokenizer`'s characters plus the family's image tokens, with PIL image processors (no torchvision):
     `(model, processor)`. Images are resized to 28-32 pixels and become 4 image tokens each."""
@@ -186,8 +186,8 @@ def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32):
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
         max_position_embeddings=512,
     )
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
@@ -267,7 +267,7 @@ def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32):
         )
         config = Gemma3Config(
             vision_config=SiglipVisionConfig(**vision, image_size=28, patch_size=7),
-            text_config=Gemma3TextConfig(vocab_size=len(tokenizer), head_dim=8, **text),
+            text_config=Gemma3TextConfig(vocab_size=len(tokenizer), head_dim=hidden_size // num_heads, **text),
             mm_tokens_per_image=4,
             image_token_id=tokenizer.convert_tokens_to_ids("<image_soft_token>"),
             boi_token_id=tokenizer.convert_tokens_to_ids("<start_of_image>"),

@@ -246,10 +246,22 @@ def refuse_images_without_processor(dataset, processing_class, split: str = "tra
 
 @dataclass
 class Encoded:
-    """One prompt encoded by the processor: its token ids and its other model inputs, each with its kind."""
+    """One prompt encoded by the processor: its token ids and its other model inputs, each with its kind; and what a
+    generation engine that runs the processor itself (vLLM) takes instead: the rendered prompt's tokens with each
+    image still one placeholder, and the images."""
 
     ids: list[int]
     inputs: dict[str, tuple[str, Tensor]]
+    engine_prompt: EnginePrompt | None = None
+
+
+@dataclass
+class EnginePrompt:
+    """A prompt for an engine that expands image placeholders itself: the chat-rendered text's token ids (images
+    not expanded) and its images. The engine must arrive at the processor's `ids` (it is checked)."""
+
+    token_ids: list[int]
+    images: list
 
 
 def encode_vision_prompts(
@@ -266,7 +278,7 @@ def encode_vision_prompts(
     `VisionError`."""
     cache: dict[tuple, Encoded] = {}
     never_cut = set(image_token_ids(processor)) | _image_marker_ids(processor)
-    ids, rows = [], []
+    ids, rows, engine = [], [], []
     for index, prompt in enumerate(prompts):
         images = prompt_images(prompt)
         text = processor.apply_chat_template(
@@ -279,7 +291,8 @@ def encode_vision_prompts(
         encoded = _cut(cache[key], max_prompt_length, never_cut, index)
         ids.append(encoded.ids)
         rows.append(encoded.inputs)
-    return ids, VisionRows(rows)
+        engine.append(encoded.engine_prompt)
+    return ids, VisionRows(rows, engine)
 
 
 def _encode_one(processor, text: str, images: list) -> Encoded:
@@ -291,7 +304,8 @@ def _encode_one(processor, text: str, images: list) -> Encoded:
             continue
         kind = field_kind(key, value, output)
         inputs[key] = (kind, value[0] if kind in (PER_TOKEN, PER_PROMPT) else value)
-    return Encoded(output["input_ids"][0].tolist(), inputs)
+    unexpanded = tokenizer_of(processor)(text, add_special_tokens=False)["input_ids"]
+    return Encoded(output["input_ids"][0].tolist(), inputs, EnginePrompt(unexpanded, images))
 
 
 def field_kind(key: str, value: Tensor, output) -> str:
@@ -317,7 +331,11 @@ def _cut(encoded: Encoded, max_prompt_length: int | None, never_cut: set[int], i
             "and cutting it on the left would cut through an image; raise max_prompt_length (or set it to null)"
         )
     inputs = {k: (kind, v[cut:] if kind == PER_TOKEN else v) for k, (kind, v) in encoded.inputs.items()}
-    return Encoded(encoded.ids[cut:], inputs)
+    # The cut tokens precede every image, so the engine's unexpanded prompt loses the same tokens.
+    engine = encoded.engine_prompt
+    if engine is not None:
+        engine = EnginePrompt(engine.token_ids[cut:], engine.images)
+    return Encoded(encoded.ids[cut:], inputs, engine)
 
 
 def _image_marker_ids(processor) -> set[int]:
@@ -340,10 +358,12 @@ def _image_digest(image) -> str:
 
 
 class VisionRows:
-    """The vision inputs of a batch's rows, one dict per row (`{key: (kind, tensor)}`, empty for a text-only row)."""
+    """The vision inputs of a batch's rows, one dict per row (`{key: (kind, tensor)}`, empty for a text-only row),
+    and each row's `EnginePrompt` for engines that encode images themselves (None where not known)."""
 
-    def __init__(self, rows: list[dict[str, tuple[str, Tensor]]]):
+    def __init__(self, rows: list[dict[str, tuple[str, Tensor]]], engine_prompts: list | None = None):
         self.rows = rows
+        self.engine_prompts = engine_prompts if engine_prompts is not None else [None] * len(rows)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -351,13 +371,14 @@ class VisionRows:
     def select(self, index) -> VisionRows:
         """The rows at `index` (a slice, a list or a 1-D tensor of row numbers), in that order."""
         if isinstance(index, slice):
-            return VisionRows(self.rows[index])
+            return VisionRows(self.rows[index], self.engine_prompts[index])
         if isinstance(index, Tensor):
             index = index.tolist()
-        return VisionRows([self.rows[i] for i in index])
+        return VisionRows([self.rows[i] for i in index], [self.engine_prompts[i] for i in index])
 
     def to(self, device) -> VisionRows:
-        return VisionRows([{k: (kind, v.to(device)) for k, (kind, v) in row.items()} for row in self.rows])
+        rows = [{k: (kind, v.to(device)) for k, (kind, v) in row.items()} for row in self.rows]
+        return VisionRows(rows, self.engine_prompts)
 
     def model_inputs(
         self, prompt_width: int, completion_length: int = 0, rows: slice | None = None, device=None

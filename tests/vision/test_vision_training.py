@@ -190,3 +190,32 @@ def test_a_vision_model_with_a_plain_tokenizer_is_refused(tmp_path):
             train_dataset=image_rows(),
             processing_class=processor.tokenizer,
         )
+
+
+def test_lora_leaves_the_vision_tower_without_adapters(tmp_path):
+    from peft import LoraConfig
+
+    model, processor = build_vlm("llava")
+    config_in = LoraConfig(r=4, target_modules="all-linear")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=config(tmp_path, max_steps=1, beta=0.0),
+        train_dataset=image_rows(),
+        processing_class=processor,
+        peft_config=config_in,
+    )
+    adapters = [n for n, _ in trainer.model.named_parameters() if "lora_" in n]
+    assert adapters and not [n for n in adapters if "vision_tower" in n or "multi_modal_projector" in n]
+    assert config_in.exclude_modules is None  # the caller's config is not changed
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_vllm_sampling_gets_a_logit_bias_against_image_tokens():
+    from grpokit.generation.factory import _biased
+
+    assert _biased({"temperature": 1.0}, [104, 106]) == {"temperature": 1.0, "logit_bias": {104: -100.0, 106: -100.0}}
+    # a bias the user set in generation_kwargs wins for its token
+    assert _biased({"logit_bias": {104: 5.0}}, [104, 7])["logit_bias"] == {104: 5.0, 7: -100.0}
+    assert _biased({"n": 1}, []) == {"n": 1}

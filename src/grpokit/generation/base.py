@@ -27,8 +27,11 @@ class Generated:
 
 
 class GenerationBackend(Protocol):
-    def generate(self, prompt_ids: list[list[int]]) -> Generated:
-        """Completions of every prompt (each prompt is already repeated once per completion wanted)."""
+    def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
+        """Completions of every prompt (each prompt is already repeated once per completion wanted). For a
+        vision-language model, `vision` (`grpokit.vision.VisionRows`, one entry per prompt) holds the processor's
+        image inputs and, for engines that encode images themselves, each prompt's images with its unexpanded
+        tokens."""
 
     def sync_weights(self, model) -> None:
         """Make the backend generate with `model`'s current weights (a no-op where it runs the live model)."""

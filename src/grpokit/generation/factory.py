@@ -40,14 +40,22 @@ def build_generator(
         device: where prompts go for transformers' `generate`.
         dist: the cross-process operations (vLLM gathers prompts across its tensor-parallel group).
         never_sample: token ids generation must not sample (a vision-language model's image placeholders: one
-            sampled would no longer match the image features). vLLM never samples them on its own.
+            sampled would no longer match the image features): suppressed in transformers' `generate`, given a
+            -100 logit bias in vLLM's sampling.
     """
     if not args.use_vllm:
         return _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample)
     dtype_name = str(dtype).removeprefix("torch.")
     if args.vllm_mode == "server":
-        return _server_generator(args, model_path, eos_token_ids, dist)
-    return _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist)
+        return _server_generator(args, model_path, eos_token_ids, dist, never_sample)
+    return _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist, never_sample)
+
+
+def _biased(sampling: dict, never_sample: Sequence[int]) -> dict:
+    """vLLM sampling keywords with a -100 logit bias on `never_sample` (a bias generation_kwargs sets wins)."""
+    if never_sample:
+        sampling["logit_bias"] = {**{int(t): -100.0 for t in never_sample}, **(sampling.get("logit_bias") or {})}
+    return sampling
 
 
 def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample) -> TransformersGenerator:
@@ -78,14 +86,14 @@ def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, neve
     )
 
 
-def _server_generator(args, model_path, eos_token_ids, dist) -> GenerationBackend:
+def _server_generator(args, model_path, eos_token_ids, dist, never_sample) -> GenerationBackend:
     from .vllm_server import VLLMServerGenerator
 
     return VLLMServerGenerator(
         base_url=args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}",
         timeout=args.vllm_server_timeout,
         group_port=args.vllm_group_port,
-        sampling=sampling_kwargs(args, n=args.num_generations),
+        sampling=_biased(sampling_kwargs(args, n=args.num_generations), never_sample),
         num_generations=args.num_generations,
         eos_token_ids=eos_token_ids,
         model_name=model_path,
@@ -93,7 +101,7 @@ def _server_generator(args, model_path, eos_token_ids, dist) -> GenerationBacken
     )
 
 
-def _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist) -> GenerationBackend:
+def _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist, never_sample) -> GenerationBackend:
     from .vllm_colocate import VLLMColocateGenerator
 
     if not model_path:
@@ -105,7 +113,7 @@ def _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist) -> Ge
     rows = max(args.per_device_train_batch_size * args.steps_per_generation, args.per_device_eval_batch_size)
     return VLLMColocateGenerator(
         model_path=model_path,
-        sampling=sampling_kwargs(args, n=1),
+        sampling=_biased(sampling_kwargs(args, n=1), never_sample),
         eos_token_ids=eos_token_ids,
         dtype=dtype_name,
         tensor_parallel_size=tp,

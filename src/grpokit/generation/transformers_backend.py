@@ -61,7 +61,7 @@ class TransformersGenerator:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
         """Completions of every prompt; `vision` (a `grpokit.vision.VisionRows`, one entry per prompt) holds a
-        vision-language model's image inputs."""
+        vision-language model's image inputs as the processor encoded them."""
         input_ids = pad(prompt_ids, value=self.pad_token_id, side="left", multiple_of=self.pad_to_multiple_of)
         attention_mask = pad(
             [[1] * len(p) for p in prompt_ids], value=0, side="left", multiple_of=self.pad_to_multiple_of

@@ -137,10 +137,18 @@ class VLLMColocateGenerator:
     # ------------------------------------------------------------------------------------------------ generation
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]]) -> Generated:
+    def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
+        """Completions of every prompt. A vision-language model's prompt with images (`vision`, see
+        `grpokit.vision.EnginePrompt`) goes to vLLM with its images and its placeholders unexpanded: vLLM expands
+        them with its own processor, and must arrive at the same prompt tokens as the trainer's processor."""
         from vllm import SamplingParams
 
-        parts = self._gather_group(prompt_ids)  # the prompts of each rank of this tensor-parallel group
+        engine = vision.engine_prompts if vision is not None else [None] * len(prompt_ids)
+        rows = [
+            (list(p), e.token_ids, e.images) if e is not None and e.images else (list(p), list(p), [])
+            for p, e in zip(prompt_ids, engine, strict=True)
+        ]
+        parts = self._gather_group(rows)  # the prompts of each rank of this tensor-parallel group
         prompts = [p for part in parts for p in part]
         kwargs = dict(self.sampling)
         if isinstance(kwargs.get("structured_outputs"), dict):
@@ -150,10 +158,22 @@ class VLLMColocateGenerator:
         self._wake(None)
         try:
             outputs = self.llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompts], SamplingParams(**kwargs), use_tqdm=False
+                [
+                    {"prompt_token_ids": ids, **({"multi_modal_data": {"image": pictures}} if pictures else {})}
+                    for _, ids, pictures in prompts
+                ],
+                SamplingParams(**kwargs),
+                use_tqdm=False,
             )
         finally:
             self._sleep()
+        for i, (output, (expected, _, pictures)) in enumerate(zip(outputs, prompts, strict=True)):
+            if pictures and list(output.prompt_token_ids) != expected:
+                raise GenerationError(
+                    f"vLLM encoded image prompt {i} as {len(output.prompt_token_ids)} tokens where the trainer's "
+                    f"processor gives {len(expected)}: its processor settings differ from the trainer's (check the "
+                    "model directory's processor config), and training would score other tokens than vLLM saw"
+                )
         completions, logprobs = [], []
         for output in outputs:
             for sample in output.outputs:  # n samples per prompt (n = 1 unless generation_kwargs says otherwise)
@@ -172,11 +192,11 @@ class VLLMColocateGenerator:
             completions, logprobs = completions[start:end], logprobs[start:end]
         return Generated(completions, logprobs)
 
-    def _gather_group(self, prompt_ids: list[list[int]]) -> list[list[list[int]]]:
+    def _gather_group(self, rows: list) -> list[list]:
         if self.tp == 1:
-            return [list(prompt_ids)]
+            return [list(rows)]
         gathered: list = [None] * self.tp
-        torch.distributed.all_gather_object(gathered, list(prompt_ids), group=self.tp_group)
+        torch.distributed.all_gather_object(gathered, list(rows), group=self.tp_group)
         return gathered
 
     # ------------------------------------------------------------------------------------------------ sleep mode

@@ -140,8 +140,14 @@ class VLLMServerGenerator:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[list[int]]) -> Generated:
-        """Completions for this process's rows; called on every process, rows repeated `num_generations` times."""
+    def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
+        """Completions for this process's rows; called on every process, rows repeated `num_generations` times.
+        Images are refused: vLLM's token-id completions endpoint takes none."""
+        if vision is not None and any(p is not None and p.images for p in vision.engine_prompts):
+            raise ValueError(
+                "vllm_mode='server' does not take image prompts yet (vLLM's token-id completions endpoint has no "
+                "images); train vision-language models with vllm_mode='colocate' or without vLLM"
+            )
         local = [list(map(int, p)) for p in prompt_ids]
         per_process = self.dist.gather_object([local])
         result = None

@@ -290,9 +290,9 @@ def generate_completions(
             chat_template_kwargs=settings.chat_template_kwargs,
         )
         check_prompt_lengths(prompt_ids, prompts, settings.max_completion_length, settings.max_positions)
-        generated = _generate_with_images(generator, prompt_ids, vision_rows)
         images = [vision.prompt_images(p) or None for p in prompts]
         images = images if any(images) else None
+        generated = _generate_with_images(generator, prompt_ids, vision_rows)
     else:
         prompt_ids = encode_prompts(
             tokenizer,
@@ -309,15 +309,15 @@ def generate_completions(
 
 
 def _generate_with_images(generator: GenerationBackend, prompt_ids: list[list[int]], vision_rows):
-    """Generation with a vision-language model's image inputs; a backend that cannot take them says so."""
+    """Generation with a vision-language model's images; a backend that cannot take them says so."""
     try:
         return generator.generate(prompt_ids, vision=vision_rows)
     except TypeError as exc:
         if "vision" not in str(exc):
             raise
         raise ValueError(
-            f"{type(generator).__name__} does not generate from images; train vision-language models with "
-            "transformers' generate (use_vllm=False)"
+            f"{type(generator).__name__} does not generate from images (its generate takes no vision inputs); "
+            "train vision-language models with transformers' generate or vLLM colocate"
         ) from None
 
 
