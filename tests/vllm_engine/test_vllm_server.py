@@ -7,8 +7,6 @@ Runs only where vLLM is installed (the vLLM venv); the main suite skips it:
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +20,8 @@ import pytest
 pytest.importorskip("vllm.distributed.weight_transfer")
 
 import torch  # noqa: E402
+from _serve import free_port as _free_port  # noqa: E402
+from _serve import running_server  # noqa: E402
 from _threads import ThreadCollectives  # noqa: E402
 
 from grpokit.generation.tokens import cut_after_eos  # noqa: E402
@@ -30,19 +30,12 @@ from grpokit.generation.vllm_server import VLLMServerError, VLLMServerGenerator 
 
 MAX_TOKENS = 8
 NUM_GENERATIONS = 2
-START_TIMEOUT_S = 420
 PROMPTS = [
     "hello world",
     "abc",
     # longer than a KV block, so the prefix cache holds full blocks of it between rounds
     "The quick brown fox jumps over the lazy dog; " * 4,
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _greedy_args(**overrides):
@@ -94,57 +87,8 @@ def token():
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory, token):
     """`grpokit vllm-serve` on a free port; stopped (terminate, then kill, the whole process group) at the end."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "vllm.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "grpokit", "vllm-serve", model_dir, "--port", str(port)]
-    cmd += ["--max-model-len", "256", "--dtype", "float32"]
-    start = time.monotonic()
-    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def stop():
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left (engine core, workers)
-        proc.wait(timeout=30)
-
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"grpokit vllm-serve exited with {proc.returncode}:\n{_tail(log_path)}")
-            if time.monotonic() - start > START_TIMEOUT_S:
-                pytest.fail(f"grpokit vllm-serve not healthy after {START_TIMEOUT_S}s:\n{_tail(log_path)}")
-            try:
-                health = urllib.request.Request(url + "/health", headers={"Authorization": f"Bearer {token}"})
-                with urllib.request.urlopen(health, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(1)
-        started_s = time.monotonic() - start
-        print(f"\nvllm-serve healthy after {started_s:.1f}s")
-        yield SimpleNamespace(url=url, port=port, proc=proc, stop=stop, log=log_path, started_s=started_s)
-    finally:
-        stop()
-        log.close()
-
-
-def _signal_group(pid: int, sig) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path, n=40) -> str:
-    return "\n".join(open(path).read().splitlines()[-n:])
+    with running_server(model_dir, tmp_path_factory.mktemp("server") / "vllm.log", token=token) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Vision-language prompts through vLLM colocate (the real CPU build; run in the vLLM venv). The tiny model is an
+"""Vision-language prompts through vLLM colocate and server (the real CPU build; run in the vLLM venv). The tiny model is an
 Idefics3 (SmolVLM's family): vLLM's modules for LLaVA, Gemma3 and Qwen2-VL import torchvision, which does not load
 with the CPU torch. vLLM gets each prompt's images with the image placeholders unexpanded and expands them itself; the
 test checks it arrives at the trainer's processor's tokens and samples with the trainer's probabilities."""
@@ -14,9 +14,12 @@ import torch
 
 pytest.importorskip("vllm")
 
+from _serve import free_port, running_server  # noqa: E402
+
 from grpokit import vision  # noqa: E402
 from grpokit.generation import GenerationError  # noqa: E402
 from grpokit.generation.vllm_colocate import VLLMColocateGenerator  # noqa: E402
+from grpokit.generation.vllm_server import VLLMServerGenerator  # noqa: E402
 from grpokit.models import load_policy  # noqa: E402
 from grpokit.scoring import score_tokens  # noqa: E402
 from grpokit.tiny import random_image, save_tiny_vlm  # noqa: E402
@@ -49,12 +52,8 @@ def generator(model_dir):
     )
 
 
-def test_vllm_samples_image_prompts_with_the_trainers_probabilities(generator, model_dir):
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model_dir)
-    ids, rows = vision.encode_vision_prompts(processor, prompts())
-    out = generator.generate(ids, vision=rows)
+def assert_trainer_probabilities(out, ids, rows, model_dir):
+    """Each completion's vLLM logprobs equal the policy's (transformers, with the row's own image inputs)."""
     model = load_policy(model_dir, None, False)
     gaps = []
     for i, completion in enumerate(out.completion_ids):
@@ -69,6 +68,13 @@ def test_vllm_samples_image_prompts_with_the_trainers_probabilities(generator, m
             )
         gaps.append((scores.logps[0] - torch.tensor(out.logprobs[i])).abs().max().item())
     assert max(gaps) < 1e-4, gaps
+
+
+def test_vllm_samples_image_prompts_with_the_trainers_probabilities(generator, model_dir):
+    from transformers import AutoProcessor
+
+    ids, rows = vision.encode_vision_prompts(AutoProcessor.from_pretrained(model_dir), prompts())
+    assert_trainer_probabilities(generator.generate(ids, vision=rows), ids, rows, model_dir)
 
 
 def test_a_prompt_vllm_encodes_differently_is_refused(generator, model_dir):
@@ -127,4 +133,52 @@ def test_grpo_trains_a_vision_language_model_with_vllm_colocate(model_dir, tmp_p
     # gets a -100 logit bias: vLLM's logprobs are renormalised without its mass, about 1/110 of it in a random
     # model over 110 tokens, log(1 - 1/110) = -0.009 (the first test, without the bias, agrees to 1e-4).
     for entry in report["logs"]:
+        assert entry["sampling/sampling_logp_difference/max"] < 0.05
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    with running_server(model_dir, tmp_path_factory.mktemp("server") / "vllm.log") as running:
+        yield running
+
+
+def test_the_server_samples_image_prompts_with_the_trainers_probabilities(server, model_dir):
+    """Each prompt twice (a group of 2: one request with n = 2), images and text rows mixed."""
+    from transformers import AutoProcessor
+
+    repeated = [p for p in prompts() for _ in range(2)]
+    ids, rows = vision.encode_vision_prompts(AutoProcessor.from_pretrained(model_dir), repeated)
+    generator = VLLMServerGenerator(
+        base_url=server.url,
+        timeout=30,
+        group_port=free_port(),
+        sampling={"temperature": 1.0, "max_tokens": 6, "ignore_eos": True},
+        num_generations=2,
+        eos_token_ids=[],
+        model_name=model_dir,
+    )
+    assert_trainer_probabilities(generator.generate(ids, vision=rows), ids, rows, model_dir)
+
+
+def test_grpo_trains_a_vision_language_model_against_the_server(server, model_dir, tmp_path):
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    script = SCRIPT.replace(
+        'vllm_mode="colocate", vllm_max_model_length=256',
+        'vllm_mode="server", ' + (f"vllm_server_port={server.port}, vllm_group_port={free_port()}"),
+    )
+    (tmp_path / "train.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py"), model_dir, str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.split("RESULT ", 1)[1])
+    assert any("vision_model" in n for n in report["changed"]) and any("text_model" in n for n in report["changed"])
+    assert len(report["logs"]) == 2
+    for entry in report["logs"]:  # as in colocate: only the image token's -100 bias separates the two
         assert entry["sampling/sampling_logp_difference/max"] < 0.05

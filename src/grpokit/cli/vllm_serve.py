@@ -10,6 +10,8 @@ adds to a plain `vllm serve MODEL`:
   registered in vLLM through the `vllm.general_plugins` entry point); `--weight-transfer-backend` overrides;
 - `--logprobs-mode processed_logprobs`: the sampling logprobs the trainer uses are those of the distribution the
   tokens were drawn from (after temperature);
+- `--enable-scale-out`: vLLM's token-in/token-out route `/inference/v1/generate`, through which image prompts
+  (vision-language models) are sent as token ids with their images;
 - `--host 127.0.0.1` unless `--host` is given: the dev endpoints let any client rewrite the model's weights.
 
 Arguments it does not know are passed to `vllm serve` unchanged.
@@ -94,6 +96,7 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
         cmd.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
     cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
     cmd += ["--logprobs-mode", LOGPROBS_MODE]
+    cmd += ["--enable-scale-out"]  # /inference/v1/generate: token ids with images (vision-language models)
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     token = _token(args)
     if token:  # every route, the weight-update ones included, then needs it

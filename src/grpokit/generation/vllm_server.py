@@ -9,6 +9,11 @@ Only the main process talks to the server; the others hand it their prompts (`ga
 of the answer (`broadcast_object`), and every error reaches every process, so all raise the same one instead of
 some waiting forever in a collective.
 
+Image prompts (vision-language models) go to the server's token-in/token-out route `/inference/v1/generate`
+(mounted by `vllm serve --enable-scale-out`, which `grpokit vllm-serve` passes): the prompt's tokens with each image
+still one placeholder, and the images as data URLs; the server expands the placeholders with its own processor and
+its answer's prompt tokens must equal the trainer's processor's (checked).
+
 The logprobs returned are the server's: they are the sampling distribution's (after temperature) only when the
 server runs with `--logprobs-mode processed_logprobs` (which `grpokit vllm-serve` passes). That cannot be seen in a
 completion, so the server's configuration is checked once, at construction, through `/server_info`.
@@ -32,6 +37,25 @@ from .vllm_common import LOGPROBS_MODE, local_address_towards, policy_weights, v
 
 SERVE_HINT = "grpokit vllm-serve MODEL"
 _DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
+
+
+def _image_rows(vision, rows: int) -> list:
+    """Per row: None, or (unexpanded prompt ids, the images as PNG data URLs) for a row with images."""
+    if vision is None:
+        return [None] * rows
+    return [
+        (list(p.token_ids), [_data_url(image) for image in p.images]) if p is not None and p.images else None
+        for p in vision.engine_prompts
+    ]
+
+
+def _data_url(image) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class VLLMServerError(GenerationError):
@@ -142,18 +166,19 @@ class VLLMServerGenerator:
 
     def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
         """Completions for this process's rows; called on every process, rows repeated `num_generations` times.
-        Images are refused: vLLM's token-id completions endpoint takes none."""
-        if vision is not None and any(p is not None and p.images for p in vision.engine_prompts):
-            raise ValueError(
-                "vllm_mode='server' does not take image prompts yet (vLLM's token-id completions endpoint has no "
-                "images); train vision-language models with vllm_mode='colocate' or without vLLM"
-            )
+        A vision-language model's rows with images (`vision`) go to `/inference/v1/generate`."""
         local = [list(map(int, p)) for p in prompt_ids]
-        per_process = self.dist.gather_object([local])
+        pictures = _image_rows(vision, len(local))
+        per_process = self.dist.gather_object([(local, pictures)])
         result = None
         if self.dist.process_index == 0:
             try:
-                result = ("ok", self._complete([row for rows in per_process for row in rows]))
+                rows = [row for ids, _ in per_process for row in ids]
+                images = [row for _, extra in per_process for row in extra]
+                if any(image is not None for image in images):
+                    result = ("ok", self._complete_images(rows, images))
+                else:
+                    result = ("ok", self._complete(rows))
             except (VLLMServerError, ValueError) as exc:
                 result = ("error", str(exc), type(exc).__name__)
             except Exception as exc:  # noqa: BLE001 - every process must raise it, not wait in broadcast_object
@@ -162,7 +187,7 @@ class VLLMServerGenerator:
         if result[0] == "error":
             raise (ValueError if result[2] == "ValueError" else VLLMServerError)(result[1])
         rows = result[1]
-        start = sum(len(p) for p in per_process[: self.dist.process_index])
+        start = sum(len(p) for p, _ in per_process[: self.dist.process_index])
         mine = rows[start : start + len(local)]
         return Generated([ids for ids, _ in mine], [lps for _, lps in mine])
 
@@ -205,6 +230,62 @@ class VLLMServerGenerator:
             ]
             ids = cut_after_eos(ids, self.eos_token_ids)
             rows.append((ids, logprobs[: len(ids)]))
+        return rows
+
+    def _complete_images(self, prompts: list[list[int]], images: list) -> list[tuple[list[int], list[float]]]:
+        """(completion ids, logprobs) for every row, image rows through `/inference/v1/generate`: one request per
+        run of identical rows (a prompt's group), n = the run's length; the requests run together."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        runs = []  # (first row, length)
+        for i, (ids, image) in enumerate(zip(prompts, images, strict=True)):
+            if runs and i - runs[-1][0] < self.num_generations:
+                first = runs[-1][0]
+                if prompts[first] == ids and images[first] == image and i == sum(runs[-1]):
+                    runs[-1] = (first, runs[-1][1] + 1)
+                    continue
+            runs.append((i, 1))
+        with ThreadPoolExecutor(max_workers=min(32, len(runs))) as pool:
+            answers = list(pool.map(lambda run: self._generate_tokens(prompts[run[0]], images[run[0]], run[1]), runs))
+        return [row for answer in answers for row in answer]
+
+    def _generate_tokens(self, ids: list[int], image, n: int) -> list[tuple[list[int], list[float]]]:
+        body = {k: v for k, v in self.sampling.items() if v is not None}
+        greedy = body.get("temperature") == 0
+        body.update(n=1 if greedy else n, logprobs=0)
+        if image is None:  # a text row of a batch with images
+            request = {"token_ids": ids, "sampling_params": body, "model": self.served_model}
+        else:
+            engine_ids, urls = image
+            request = {
+                "token_ids": engine_ids,
+                "content_parts": [{"type": "image_url", "url": url} for url in urls],
+                "sampling_params": body,
+                "model": self.served_model,
+                "return_token_ids": True,
+            }
+        response = self._request("POST", "/inference/v1/generate", request, read_timeout=None, missing_ok=True)
+        if response is None:
+            raise VLLMServerError(
+                f"the vLLM server at {self.base_url} has no /inference/v1/generate route, which image prompts need: "
+                f"restart it with --enable-scale-out (`{SERVE_HINT}` passes it)"
+            )
+        served = response.get("prompt_token_ids")
+        if image is not None and served is not None and list(served) != ids:
+            raise VLLMServerError(
+                f"the vLLM server encoded an image prompt as {len(served)} tokens where the trainer's processor gives "
+                f"{len(ids)}: its processor settings differ from the trainer's, and training would score other "
+                "tokens than it saw"
+            )
+        rows = []
+        for choice in sorted(response.get("choices") or [], key=lambda c: c["index"]):
+            content = (choice.get("logprobs") or {}).get("content") or []
+            token_ids = cut_after_eos(list(choice.get("token_ids") or []), self.eos_token_ids)
+            logprobs = [float(entry["logprob"]) for entry in content][: len(token_ids)]
+            rows.append((token_ids, logprobs))
+        rows = rows * n if greedy else rows
+        if len(rows) != n:
+            raise VLLMServerError(f"the vLLM server at {self.base_url} returned {len(rows)} completions for n={n}")
         return rows
 
     # -- weights ---------------------------------------------------------------------------------------------
