@@ -219,3 +219,21 @@ def test_vllm_sampling_gets_a_logit_bias_against_image_tokens():
     # a bias the user set in generation_kwargs wins for its token
     assert _biased({"logit_bias": {104: 5.0}}, [104, 7])["logit_bias"] == {104: 5.0, 7: -100.0}
     assert _biased({"n": 1}, []) == {"n": 1}
+
+
+@pytest.mark.parametrize("conversational", [False, True])
+def test_a_vision_model_trains_on_text_only_prompts(conversational, tmp_path):
+    """Gemma3 with its processor on prompts without images, plain text or messages: no image inputs, one step."""
+    model, processor = build_vlm("gemma3")
+    prompts = ["Describe a", "Describe b"]
+    if conversational:
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward if conversational else lambda completions, **kw: [len(c) % 3 for c in completions],
+        args=config(tmp_path, max_steps=1),
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts * 2}),
+        processing_class=processor,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1

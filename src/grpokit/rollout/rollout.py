@@ -295,7 +295,7 @@ def generate_completions(
         generated = _generate_with_images(generator, prompt_ids, vision_rows)
     else:
         prompt_ids = encode_prompts(
-            tokenizer,
+            vision.tokenizer_of(tokenizer),
             prompts,
             max_prompt_length=settings.max_prompt_length,
             chat_template_kwargs=settings.chat_template_kwargs,
