@@ -21,9 +21,12 @@ class CliResult:
 
 
 @pytest.fixture(autouse=True)
-def _single_process(monkeypatch):
+def _single_process(monkeypatch, tmp_path_factory):
     # The batch geometry depends on WORLD_SIZE (set by accelerate/torchrun); the tests assume one process.
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # Nor an accelerate default config file of the machine's user (`accelerate launch`'s count, which the config
+    # commands check at): accelerate looks for it under HF_HOME.
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
 
 
 def _point_log_handlers_at(stream) -> None:

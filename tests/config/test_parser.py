@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from grpokit.config import parser as parser_module
+from grpokit.config import resolver as resolver_module  # the resolution itself (TrlParser is one)
 from grpokit.config.grpo_config import GRPOConfig
 from grpokit.config.model_config import ModelConfig
 from grpokit.config.parser import TrlParser
@@ -179,7 +179,7 @@ def test_env_is_applied_before_the_rest(write, clean_env, monkeypatch):
     """The variables are set before the recipe is loaded and before any rule is checked."""
     clean_env("GRPOKIT_T_ORDER")
     seen = {}
-    original_load_recipe, original_check_geometry = parser_module.load_recipe, parser_module.check_geometry
+    original_load_recipe, original_check_geometry = resolver_module.load_recipe, resolver_module.check_geometry
 
     def load_recipe_spy(name):
         seen["recipe"] = os.environ.get("GRPOKIT_T_ORDER")
@@ -189,8 +189,8 @@ def test_env_is_applied_before_the_rest(write, clean_env, monkeypatch):
         seen["rules"] = os.environ.get("GRPOKIT_T_ORDER")
         return original_check_geometry(values, num_processes)
 
-    monkeypatch.setattr(parser_module, "load_recipe", load_recipe_spy)
-    monkeypatch.setattr(parser_module, "check_geometry", check_geometry_spy)
+    monkeypatch.setattr(resolver_module, "load_recipe", load_recipe_spy)
+    monkeypatch.setattr(resolver_module, "check_geometry", check_geometry_spy)
     path = write("env.yaml", "recipe: grpo\nenv:\n  GRPOKIT_T_ORDER: set\n")
     resolve("--config", path)
     assert seen == {"recipe": "set", "rules": "set"}

@@ -285,8 +285,10 @@ def test_plan_with_explicit_generation_batch_at_2_processes(cli):
 
 def test_plan_without_a_count_shows_the_broken_group_as_a_fraction(cli):
     geometry, _ = plan(
-        cli, "--num_generations", "14", "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "4"
-    )
+        cli,
+        "--num_generations", "14", "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "4",
+        "--geometry-notes",
+    )  # fmt: skip
     # 64 completions at 1 process are 64 / 14 = 4.57 groups: the note says which counts make whole ones
     assert geometry["prompts_per_generation"][0] == "4.57"
     assert "not whole groups at 1 process(es)" in geometry["prompts_per_generation"][1]

@@ -1,7 +1,8 @@
-"""The batch geometry at the intended process count. `grpokit config validate|show|plan` given a count (--num_processes,
-a YAML key, an accelerate config's num_processes, WORLD_SIZE) checks the rules at that count; given none, a rule that
-fails only because of the count (1 assumed) is a note naming the counts that satisfy it. `grpokit train` runs at its
-count, so there it stays an error."""
+"""The batch geometry at the intended process count. `grpokit config validate|show|plan` check the rules at the count
+training will use (--num_processes, a YAML key, an accelerate config's num_processes, WORLD_SIZE, the accelerate
+default config file, else 1), and a rule broken there is an error, as in `grpokit train`. Only with --geometry-notes,
+and given no count, is a rule that fails only because of the count (1 assumed) a note naming the counts that satisfy
+it."""
 
 import json
 
@@ -22,9 +23,24 @@ NOTE = (
 )
 
 
+ERROR = (
+    "error: num_generations=14 (cli): the generation batch 64 (per_device_train_batch_size x processes x "
+    "steps_per_generation = 16 x 1 x 4) must be divisible by num_generations = 14, so that it holds whole groups; "
+    "nearest valid: per_device_train_batch_size 14 or 21; generation_batch_size 112; num_generations 16; or 7, 14 or "
+    "21 processes"
+)
+
+
 @pytest.mark.parametrize("sub", ["validate", "show", "plan"])
-def test_without_a_process_count_the_group_rule_is_a_note(cli, sub):
+def test_without_a_process_count_the_group_rule_is_an_error_at_one(cli, sub):
     result = cli("config", sub, *OPEN_R1)
+    assert result.code == 2 and result.out == ""
+    assert result.err.splitlines() == [ERROR]  # train's line: nearest valid values and the counts that work
+
+
+@pytest.mark.parametrize("sub", ["validate", "show", "plan"])
+def test_with_geometry_notes_the_group_rule_is_a_note(cli, sub):
+    result = cli("config", sub, *OPEN_R1, "--geometry-notes")
     assert result.code == 0, result.err
     assert result.errors == []
     assert NOTE in result.err.splitlines()
@@ -33,7 +49,7 @@ def test_without_a_process_count_the_group_rule_is_a_note(cli, sub):
 
 
 def test_the_noted_geometry_is_still_derived_for_one_process(cli):
-    shown = json.loads(cli("config", "show", "--format", "json", *OPEN_R1).out)
+    shown = json.loads(cli("config", "show", "--format", "json", *OPEN_R1, "--geometry-notes").out)
     assert shown["generation_batch_size"] == {"value": 64, "source": "derived"}  # 16 x 1 x 4
     assert shown["steps_per_generation"] == {"value": 4, "source": "derived"}
 
@@ -75,6 +91,8 @@ def test_yaml_key_and_accelerate_configs_are_given_counts(cli, write):
     # an accelerate config without num_processes gives no count: 1 is assumed, as without a launch
     unstated = write("no_count.yaml", "distributed_type: MULTI_GPU\n")
     result = cli("config", "validate", *OPEN_R1, "--accelerate_config", unstated)
+    assert result.code == 2 and result.errors == [ERROR]
+    result = cli("config", "validate", *OPEN_R1, "--accelerate_config", unstated, "--geometry-notes")
     assert result.code == 0 and NOTE in result.err.splitlines()
 
 
@@ -172,5 +190,46 @@ def test_a_rule_no_count_mends_stays_an_error_without_a_count(cli):
 
 
 def test_other_problems_are_still_errors_with_the_note_held_back(cli):
-    result = cli("config", "validate", *OPEN_R1, "--top_p", "2")
+    result = cli("config", "validate", *OPEN_R1, "--top_p", "2", "--geometry-notes")
     assert result.code == 2 and len(result.errors) == 1 and "top_p=2.0" in result.errors[0]
+
+
+@pytest.mark.parametrize(
+    "default_config, code",
+    [
+        # accelerate launch (no --config_file) would start 7 processes: 16 x 7 x 4 = 448 = 32 groups of 14
+        ("distributed_type: MULTI_GPU\nnum_processes: 7\n", 0),
+        ("distributed_type: MULTI_GPU\nnum_processes: 2\n", 2),
+        # distributed_type NO starts one process whatever num_processes says: 64 is not whole groups of 14
+        ("distributed_type: 'NO'\nnum_processes: 7\n", 2),
+    ],
+)
+def test_the_accelerate_default_config_file_gives_the_count(cli, tmp_path, monkeypatch, default_config, code):
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(default_config)
+    monkeypatch.setenv("HF_HOME", str(home))
+    result = cli("config", "validate", *OPEN_R1, "--geometry-notes")  # a count is given: no note form
+    assert result.code == code, result.err
+    assert "no process count given" not in result.err
+    if code == 0:
+        assert result.out == "ok\n"
+
+
+def test_the_default_config_file_is_where_accelerate_looks(monkeypatch, tmp_path):
+    from grpokit.config.accelerate_default import default_config_path
+
+    assert default_config_path({"HF_HOME": "/x/hf"}) == "/x/hf/accelerate/default_config.yaml"
+    assert default_config_path({"XDG_CACHE_HOME": "/c"}) == "/c/huggingface/accelerate/default_config.yaml"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_config_path({}) == f"{tmp_path}/.cache/huggingface/accelerate/default_config.yaml"
+
+
+def test_plan_names_the_default_config_file_as_the_count(cli, tmp_path, monkeypatch):
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 7\n")
+    monkeypatch.setenv("HF_HOME", str(home))
+    result = cli("config", "plan", *OPEN_R1)
+    assert result.code == 0, result.err
+    assert f"num_processes of the accelerate default config {home}/accelerate/default_config.yaml" in result.out

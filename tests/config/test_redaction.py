@@ -75,8 +75,9 @@ def test_config_show_redacts_in_every_format(secret_yaml, capsys):
     assert main(["config", "show", "--format", "json", "--config", str(secret_yaml)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["hub_token"] == {"value": "<redacted>", "source": f"yaml:{secret_yaml}:2"}
-    assert shown["env.WANDB_API_KEY"] == {"value": "<redacted>", "source": f"yaml:{secret_yaml}:4"}
-    assert shown["env.TOKENIZERS_PARALLELISM"] == {"value": "false", "source": f"yaml:{secret_yaml}:4"}
+    # each env key on its own line (4 is `env:`)
+    assert shown["env.WANDB_API_KEY"] == {"value": "<redacted>", "source": f"yaml:{secret_yaml}:5"}
+    assert shown["env.TOKENIZERS_PARALLELISM"] == {"value": "false", "source": f"yaml:{secret_yaml}:6"}
     assert shown["learning_rate"]["value"] == 2e-5
 
     assert main(["config", "show", "--format", "yaml", "--config", str(secret_yaml)]) == 0
@@ -84,10 +85,10 @@ def test_config_show_redacts_in_every_format(secret_yaml, capsys):
     assert TOKEN not in text and WANDB not in text and "hunter2" not in text
     lines = text.splitlines()
     assert f"# hub_token: <redacted: set HF_TOKEN or pass --hub_token>  # yaml:{secret_yaml}:2" in lines
-    assert f"env:  # yaml:{secret_yaml}:4" in lines
-    assert f"  # WANDB_API_KEY: <redacted: set WANDB_API_KEY in the environment>  # yaml:{secret_yaml}:4" in lines
-    assert f'  TOKENIZERS_PARALLELISM: "false"  # yaml:{secret_yaml}:4' in lines
-    assert f"  # PGPASSWORD: <redacted: set PGPASSWORD in the environment>  # yaml:{secret_yaml}:4" in lines
+    assert f"env:  # yaml:{secret_yaml}:5" in lines  # render.py credits the section to its first key's line
+    assert f"  # WANDB_API_KEY: <redacted: set WANDB_API_KEY in the environment>  # yaml:{secret_yaml}:5" in lines
+    assert f'  TOKENIZERS_PARALLELISM: "false"  # yaml:{secret_yaml}:6' in lines
+    assert f"  # PGPASSWORD: <redacted: set PGPASSWORD in the environment>  # yaml:{secret_yaml}:7" in lines
 
 
 def test_the_redacted_yaml_is_re_runnable(secret_yaml, tmp_path, capsys, monkeypatch):

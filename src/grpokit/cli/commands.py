@@ -51,6 +51,9 @@ grpokit train --help.
 """
 
 CONFIG_SUBCOMMANDS = ("validate", "show", "plan", "schema", "diff")
+# `config validate|show|plan`: given no process count anywhere, a batch geometry broken only by the count (1) is a
+# note naming the counts that work instead of an error (the old behaviour, asked for).
+GEOMETRY_NOTES_FLAG = "--geometry-notes"
 
 # Flags that say what to train: without any of them `grpokit train FLAGS` has no model, data or reward to train.
 RUN_FLAGS = ("config", "recipe", "model_name_or_path", "dataset_name", "reward_funcs", "reward_model_name_or_path")
@@ -161,22 +164,35 @@ def _error(line: str) -> None:
     print(f"error: {redact(line)}", file=sys.stderr)
 
 
-def _resolve(args, *, import_rewards: bool = False):
+def _resolve(args, *, import_rewards: bool = False, geometry_notes: bool = False):
     """Resolve the default dataclasses (and the launch options) from `args`; (resolution, None) or (None, exit code)
-    after printing. `import_rewards`: import dotted reward paths and call factories (user code) while checking."""
+    after printing. `import_rewards`: import dotted reward paths and call factories (user code) while checking.
+    `geometry_notes`: with no process count given anywhere, a batch geometry that only the count breaks is a note
+    (`--geometry-notes`), not an error."""
     from grpokit.cli.launch_presets import LAUNCH
-    from grpokit.config.parser import TrlParser
+    from grpokit.config.light import light_resolver
     from grpokit.config.redaction import redact
+    from grpokit.config.resolver import FullPathNeeded
     from grpokit.config.rules import ConfigError
 
     try:
-        parser = TrlParser()
-        parser.import_rewards = import_rewards
         if import_rewards:
             from grpokit.rewards.registry import working_directory_first
 
             working_directory_first()
-        resolution = parser.resolve(args, launch_options=LAUNCH, planning=True)
+        # The light path (no transformers, peft or torch: grpokit.config.light); a configuration it cannot judge
+        # alone is resolved again by TrlParser on the real GRPOConfig.
+        for parser in (light_resolver(), None):
+            if parser is None:
+                from grpokit.config.parser import TrlParser
+
+                parser = TrlParser()
+            parser.import_rewards = import_rewards
+            try:
+                resolution = parser.resolve(args, launch_options=LAUNCH, planning=True, geometry_notes=geometry_notes)
+                break
+            except FullPathNeeded:
+                continue
     except ConfigError as exc:
         for problem in exc.problems:
             _error(problem.line())
@@ -216,9 +232,9 @@ def _config(args) -> int:
     sub, rest = args[0], args[1:]
     if sub == "schema":
         from grpokit.cli.schema import build_schema
-        from grpokit.config.parser import DEFAULT_TYPES
+        from grpokit.config.light import light_types  # GRPOConfig's fields without transformers (the field table)
 
-        print(json.dumps(build_schema(DEFAULT_TYPES), indent=2))
+        print(json.dumps(build_schema(light_types()), indent=2))
         return 0
     if sub == "diff":
         return _diff(rest)
@@ -228,10 +244,11 @@ def _config(args) -> int:
         _error(str(exc))
         return 2
     show_all = "--all" in rest
-    rest = [a for a in rest if a != "--all"]
+    geometry_notes = GEOMETRY_NOTES_FLAG in rest
+    rest = [a for a in rest if a not in ("--all", GEOMETRY_NOTES_FLAG)]
     import_rewards = sub == "validate" and "--import-rewards" in rest  # runs the rewards' module code: asked only
     rest = [a for a in rest if a != "--import-rewards"] if sub == "validate" else rest
-    resolution, code = _resolve(rest, import_rewards=import_rewards)
+    resolution, code = _resolve(rest, import_rewards=import_rewards, geometry_notes=geometry_notes)
     if resolution is None:
         return code
     for note in resolution.notes + (resolution.default_notes if sub == "show" else []):
@@ -247,12 +264,13 @@ def _config(args) -> int:
         for line in machine_problems(launch):
             print(f"note: on this machine {line}", file=sys.stderr)
     if sub == "validate":
-        from grpokit.config.agents import tool_loop_problems
-        from grpokit.config.support import unsupported_settings
+        from grpokit.cli.preflight import config_file_problems, installation_notes
 
-        # What `grpokit train` refuses from the configuration alone (not the machine) fails validation too.
-        refused = unsupported_settings(*resolution.instances)
-        refused += tool_loop_problems(resolution.values, resolution.sources)
+        for note in installation_notes(resolution):
+            print(f"note: on this machine {note}", file=sys.stderr)
+        # What `grpokit train` refuses from the configuration and the files it names (not the machine) fails
+        # validation too.
+        refused = config_file_problems(resolution)
         for line in refused:
             _error(line)
         if refused:
@@ -307,10 +325,11 @@ def _diff(args) -> int:
         _error("config diff needs two YAML files: grpokit config diff A.yaml B.yaml [--field value]...")
         return 2
     flags = [a for a in args if a not in files]
-    a, code = _resolve(["--config", files[0], *flags])
+    # diff compares resolved values: a geometry the process count alone breaks does not stop it
+    a, code = _resolve(["--config", files[0], *flags], geometry_notes=True)
     if a is None:
         return code
-    b, code = _resolve(["--config", files[1], *flags])
+    b, code = _resolve(["--config", files[1], *flags], geometry_notes=True)
     if b is None:
         return code
     changed = [k for k in a.values if a.values[k] != b.values.get(k)]

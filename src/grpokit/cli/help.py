@@ -209,6 +209,8 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "log_unique_prompts",
             "log_multimodal",
             "log_completions_hub_repo",
+            "write_run_records",
+            "progress_lines",
             "save_strategy",
             "save_steps",
             "save_total_limit",
@@ -333,11 +335,12 @@ def default_text(f: dataclasses.Field) -> str | None:
 
 def train_fields() -> dict[str, tuple[type, dataclasses.Field]]:
     """{name: (dataclass, field)} of what `grpokit train` parses, in dataclass order (the first owner wins, as in the
-    parser)."""
-    from grpokit.config.parser import DEFAULT_TYPES
+    parser). GRPOConfig's are those of the field table (`grpokit.config.light`): the same fields, types, defaults and
+    help as the real class, without importing transformers."""
+    from grpokit.config.light import light_types
 
     owners: dict[str, tuple[type, dataclasses.Field]] = {}
-    for dtype in DEFAULT_TYPES:
+    for dtype in light_types():
         for f in dataclasses.fields(dtype):
             if f.init:
                 owners.setdefault(f.name, (dtype, f))
@@ -415,8 +418,11 @@ options:
   --recipe NAME                   a shipped recipe under your YAML and flags (grpokit recipes)
   --FIELD VALUE                   any field of grpokit train (grpokit train --help lists them by concern)
   --accelerate_config NAME|FILE   the launch to check for: a preset (grpokit accelerate-configs) or a file
-  --num_processes N               processes of that launch (the batch geometry is checked for them)
+  --num_processes N               processes of that launch (the batch geometry is checked for them; without
+                                  it: WORLD_SIZE, else accelerate's default config file, else 1)
   --main_process_port P           rendezvous port of that launch
+  --geometry-notes                with no process count given anywhere, a batch geometry that only the count
+                                  breaks is a note naming the counts that work, not an error
   -h, --help                      this help"""
 
 _FIELDS_POINTER = "The fields: grpokit train --help (by concern), grpokit config show --all (resolved, with sources)."
@@ -440,8 +446,10 @@ grpokit config <subcommand> --help says more about one.
 usage: grpokit config validate [--import-rewards] [--config FILE]... [--recipe NAME] [--field value]... [launch options]
 
 Resolve the configuration as grpokit train does (defaults, recipe, YAML files, flags) and check every rule: prints
-`ok` (exit 0), or one line per problem (exit 2). Nothing loads, and no code the configuration names runs: a dotted
-reward path is checked for its module being there, not imported.
+`ok` (exit 0), or one line per problem (exit 2). What grpokit train refuses from the configuration and the files it
+names (the batch geometry at the process count it will run at, a local model folder or data file that is not
+there) is refused here too. Nothing loads, and no code the configuration names runs: a dotted reward path is
+checked for its module being there, not imported.
 
 {_CONFIG_OPTIONS}
   --import-rewards                also import the dotted reward paths and call reward factories, as training will

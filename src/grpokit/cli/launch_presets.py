@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from grpokit.config.parser import take_flags
+from grpokit.config.resolver import take_flags
 from grpokit.config.rules import ConfigError, Problem
 from grpokit.config.suggest import closest
 from grpokit.launch import LAUNCHED_ENV

@@ -51,9 +51,12 @@ _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".txt")
 
 def _local_data_problems(script_args, mixture) -> list[str]:
     """A dataset written as a local file (a data-file suffix, or a local-looking path) must exist: said here, with the
-    nearest file beside it, instead of after the model loaded."""
+    nearest file beside it, instead of after the model loaded. So must a local eval file (`dataset_test_split`)."""
     paths = [("dataset_name", script_args.dataset_name)] if script_args.dataset_name else []
     paths += [(f"datasets[{i}].path", d.path) for i, d in enumerate(mixture.datasets)]
+    split = script_args.dataset_test_split
+    if isinstance(split, str) and split.endswith(_DATA_SUFFIXES):  # an eval file, not the name of a split
+        paths.append(("dataset_test_split", split))
     problems = []
     for key, path in paths:
         looks_local = path.endswith(_DATA_SUFFIXES) or path.startswith(("/", "./", "../", "~"))
@@ -77,6 +80,44 @@ def _reward_dependency_problems(script_args) -> list[str]:
         f"reward_funcs: {listed} check(s) answers with math-verify, which is not installed: "
         "pip install 'grpokit[math]' (or math-verify)"
     ]
+
+
+def config_file_problems(resolution) -> list[str]:
+    """What `grpokit train` refuses from the configuration and the files it names, not from this machine: settings
+    not implemented, the tool loop without tools, a local model folder or data file that is not there, a checkpoint
+    to resume that is missing or does not match, and, for a launch with an accelerate config, what its engine cannot
+    honour. `grpokit config validate` refuses the same (`tests/cli/test_validate_refuses.py` walks them)."""
+    from grpokit.config.agents import tool_loop_problems
+    from grpokit.config.support import unsupported_settings
+
+    script_args, training_args, model_args, mixture = resolution.instances
+    problems = unsupported_settings(*resolution.instances)
+    problems += tool_loop_problems(resolution.values, resolution.sources)
+    if model_args.model_name_or_path:
+        problems += _local_path_problems(model_args.model_name_or_path)
+    problems += _local_data_problems(script_args, mixture)
+    if resolution.values.get("resume_from_checkpoint") is not None:
+        from grpokit.checkpoints import check_resume
+
+        problems += check_resume(resolution)
+    launch = resolution.launch
+    if launch is not None and launch.config is not None:
+        from grpokit.cli.launch_presets import engine_settings
+        from grpokit.launch import engine_problems
+
+        problems += engine_problems(
+            **engine_settings(launch.config),
+            use_cpu=bool(resolution.values.get("use_cpu")),
+            use_vllm=bool(resolution.values.get("use_vllm")),
+            ds3_gather_for_generation=bool(resolution.values.get("ds3_gather_for_generation")),
+        )
+    return problems
+
+
+def installation_notes(resolution) -> list[str]:
+    """What this installation lacks for the configuration (a note in `grpokit config validate`, an error in
+    `grpokit train`): the packages the chosen rewards need."""
+    return _reward_dependency_problems(resolution.instances[0])
 
 
 def check_train_args(argv):

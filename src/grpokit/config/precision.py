@@ -6,19 +6,44 @@ unset `bf16`, into a resolution) before anything loads.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
+import sys
 
 
 def bf16_supported() -> bool:
+    if cpu_only_torch() and "torch" not in sys.modules:
+        return False
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 def cuda_available() -> bool:
+    if cpu_only_torch() and "torch" not in sys.modules:
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+@functools.cache
+def cpu_only_torch() -> bool:
+    """Whether the installed torch is a build without CUDA and ROCm (`torch.version.cuda` and `.hip` both None), read
+    from torch/version.py without importing torch (a second or more): such a torch has no CUDA device to ask about."""
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    found = dict(re.findall(r"^(cuda|hip)\s*(?::[^=]*)?=\s*(.+?)\s*$", text, flags=re.MULTILINE))
+    return found.get("cuda") == "None" and found.get("hip") == "None"
 
 
 # How to install vLLM, named wherever `use_vllm` meets a machine without it.
@@ -61,17 +86,18 @@ _PIP_PACKAGE = {"comet_ml": "comet-ml", "azure_ml": "azureml-core", "flyte": "fl
 def _integration_problems(values) -> list[str]:
     """Packages the configuration names that are not installed: a report_to integration, flash attention, Liger
     kernels (each would fail only after the model has loaded)."""
+    from .field_data import TABLE
     from .rules import report_to_names
 
     problems = []
-    from transformers.integrations.integration_utils import (
-        INTEGRATION_TO_CALLBACK,
-        get_available_reporting_integrations,
-    )
+    named = [n for n in report_to_names(values.get("report_to")) if n in TABLE["integrations"]]
+    available = set()
+    if named:  # which are installed is transformers' call (imported only when an integration is named)
+        from transformers.integrations.integration_utils import get_available_reporting_integrations
 
-    available = set(get_available_reporting_integrations())
-    for name in report_to_names(values.get("report_to")):
-        if name in INTEGRATION_TO_CALLBACK and name not in available:  # unknown names are a config error (rules.py)
+        available = set(get_available_reporting_integrations())
+    for name in named:
+        if name not in available:  # unknown names are a config error (rules.py)
             package = _PIP_PACKAGE.get(name, name)
             problems.append(
                 f"report_to={name!r}: {package} is not installed (pip install {package}, or report_to: none)"

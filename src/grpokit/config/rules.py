@@ -197,14 +197,12 @@ def report_to_names(value) -> list[str]:
 
 def _report_to_problems(value) -> list[Problem]:
     """A `report_to` name transformers does not know is refused here, with "did you mean" (transformers would only
-    fail once the model has loaded)."""
-    try:
-        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-    except ImportError:  # pragma: no cover - an older transformers: nothing to compare with
-        return []
+    fail once the model has loaded). The names transformers knows (its INTEGRATION_TO_CALLBACK) are read from the
+    field table, generated from transformers (`field_table.py`), so that checking needs no transformers import."""
+    from .field_data import TABLE
     from .suggest import closest
 
-    known = sorted(INTEGRATION_TO_CALLBACK) + ["all", "none"]
+    known = sorted(TABLE["integrations"]) + ["all", "none"]
     problems = []
     for name in report_to_names(value):
         if name not in known:

@@ -110,7 +110,9 @@ def _check_depth(text: str, name: str) -> None:
         return
 
 
-def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
+def load_yaml_text(text: str, name: str) -> tuple[dict, dict]:
+    """(top-level mapping, {key: 1-based line}) of a YAML text; the keys of an `env:` mapping are there too, as
+    ("env", KEY)."""
     if len(text) > MAX_BYTES:
         raise ConfigError(
             [Problem("config", f"{name}: {len(text):,} characters, more than a config file may hold ({MAX_BYTES:,})")]
@@ -153,6 +155,12 @@ def load_yaml_text(text: str, name: str) -> tuple[dict, dict[str, int]]:
         )
     # `node.value` now also holds the keys merged in by `<<:` (with the line of their anchor), before the file's own.
     lines = {key_node.value: key_node.start_mark.line + 1 for key_node, _ in node.value if key_node.tag == _STR_TAG}
+    # The keys of an `env:` section, each credited to its own line: ("env", KEY) -> line.
+    for key_node, value_node in node.value:
+        if key_node.tag == _STR_TAG and key_node.value == "env" and isinstance(value_node, yaml.MappingNode):
+            for env_key, _ in value_node.value:
+                if env_key.tag == _STR_TAG:
+                    lines[("env", env_key.value)] = env_key.start_mark.line + 1
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
         line = next(k.start_mark.line + 1 for k, _ in node.value if k.tag not in (_STR_TAG, _MERGE_TAG))
