@@ -223,3 +223,80 @@ def test_a_single_reward_processing_class_is_a_list_of_one(tiny_model, tiny_toke
     )
     assert len(trainer.reward_processing_classes) == 1 and trainer.reward_processing_classes[0] is reward_tokenizer
     assert trainer._entropy_bonus_enabled is True
+
+
+# ------------------------------------------------------------------------------------------------ all-None rewards
+
+
+def never_scores(completions, **kwargs):
+    return [None] * len(completions)
+
+
+def test_rewards_that_are_all_none_warn_as_trl_and_train_on(tiny_model, tiny_tokenizer, tmp_path, caplog):
+    # TRL 1.16 logs "All reward functions returned None for the following kwargs:" and keeps training (advantages 0).
+    # Four rounds in a row score nothing: grpokit's old default (stop after 3) ended this run with a RewardError.
+    trainer = build(
+        tiny_model, tiny_tokenizer, make_args(tmp_path, max_steps=4, logging_steps=1), rewards=never_scores
+    )
+    assert trainer.args.max_unscorable_rounds is None
+    with caplog.at_level(logging.WARNING, logger="grpokit.trainer"):
+        trainer.train()
+    assert trainer.state.global_step == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "grpokit.trainer"]
+    trl_lines = [
+        line for line in lines if line.startswith("All reward functions returned None for the following kwargs: ")
+    ]
+    assert len(trl_lines) == 1  # once, where TRL repeats it every batch
+    assert "(sample 0 of this round; 4 of its 4 completions unscored, advantage 0)" in trl_lines[0]
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    assert losses == [0.0] * 4  # zero advantages, beta 0: nothing to learn, as in TRL
+
+
+def test_the_stop_stays_available_as_a_safety(tiny_model, tiny_tokenizer, tmp_path):
+    from grpokit.rollout.rewards import RewardError
+
+    args = make_args(tmp_path, max_steps=4, max_unscorable_rounds=2)
+    trainer = build(tiny_model, tiny_tokenizer, args, rewards=never_scores)
+    with pytest.raises(RewardError, match=r"in 2 generation rounds in a row \(max_unscorable_rounds=2\)"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # the second round stops before its step
+
+
+def test_trl_warning_names_the_first_unscored_completion_of_a_partly_scored_round():
+    from grpokit.rollout.rewards import UnscorableRounds
+
+    nan = float("nan")
+    lines = []
+    watcher = UnscorableRounds(None, ["a", "b"], lines.append)
+    rollout = SimpleNamespace(
+        rewards=torch.tensor([[1.0, nan], [nan, nan], [nan, 2.0], [nan, nan]]),
+        prompts=["p0", "p1", "p2", "p3"],
+        completions=["c0", "c1", "c2", "c3"],
+        unscorable=False,
+    )
+    watcher.check(rollout, "train")
+    watcher.check(rollout, "train")
+    assert lines == [
+        "All reward functions returned None for the following kwargs: {'prompt': 'p1', 'completion': 'c1'} (sample 1 "
+        "of this round; 2 of its 4 completions unscored, advantage 0): at least one reward function must score each "
+        "completion for it to teach anything; warned once"
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ refusals TRL matches
+
+
+def test_too_few_reward_processing_classes_match_trl_phrase(tiny_model, tiny_tokenizer, tmp_path):
+    # TRL's test: pytest.raises(ValueError, match="must match"), one tokenizer for two reward functions.
+    with pytest.raises(ValueError, match="must match") as refused:
+        build(
+            tiny_model,
+            tiny_tokenizer,
+            make_args(tmp_path),
+            rewards=[text_reward, text_reward],
+            reward_processing_classes=[tiny_tokenizer],
+        )
+    assert str(refused.value) == (
+        "got 1 reward_processing_classes for 2 reward functions: the counts must match; pass one per reward function "
+        "(None for callables)"
+    )

@@ -159,7 +159,7 @@ class TRLCompatMixin:
         """`train_dataset`, required as in TRL unless one environment owns the data (its `reset` writes the prompt):
         then `max_steps` sets the length and one generation round of empty prompts, cycled, drives the loop."""
         if train_dataset is not None:
-            return train_dataset
+            return _streamed(args, train_dataset)
         environments = None if self.agent is None else self.agent.environments
         if environments is None:
             raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
@@ -185,7 +185,7 @@ class TRLCompatMixin:
         if environments is None or not environments.routed or train_dataset is None:
             return
         columns = getattr(train_dataset, "column_names", None)
-        if columns is None:  # not a datasets.Dataset: checked batch by batch
+        if columns is None or not hasattr(train_dataset, "__len__"):  # not a map-style Dataset: checked batch by batch
             return
         if "environment" not in columns:
             raise EnvironmentProblem(
@@ -310,3 +310,24 @@ class TRLCompatMixin:
         return generate_completions(
             prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings
         )
+
+
+def _streamed(args, train_dataset):
+    """A streaming train set, as TRL 1.16 takes it: its length is unknown, so max_steps sets the run's; it is read
+    by one worker (the groups are formed in one iterator; TRL overrides dataloader_num_workers with a warning)."""
+    from .rollout.stream import is_stream
+
+    if not is_stream(train_dataset):
+        return train_dataset
+    if args.max_steps <= 0:
+        raise ValueError(
+            "train_dataset is an IterableDataset (streaming): its length is unknown, so `max_steps` must be set to a "
+            "positive value to define the training length"
+        )
+    if args.dataloader_num_workers != 0:
+        logger.warning(
+            f"streaming train_dataset: Iterable datasets require `dataloader_num_workers=0` (its groups are formed "
+            f"in one iterator); using 0, not {args.dataloader_num_workers}"
+        )
+        args.dataloader_num_workers = 0
+    return train_dataset

@@ -16,8 +16,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
     "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
-    "dataset_streaming": "streaming datasets are not supported yet (the sampler needs a map-style dataset)",
-    "streaming": "streaming dataset mixtures are not supported yet (the sampler needs a map-style dataset)",
     # open-r1's fields that drive its cluster and Hub tooling
     "callbacks": "open-r1's callbacks need its Hub tooling (revision pushes); pass TrainerCallback objects to "
     "GRPOTrainer instead",

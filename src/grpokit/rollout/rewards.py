@@ -397,17 +397,22 @@ RewardCallable = Callable[..., list]
 
 
 class UnscorableRounds:
-    """Watches for rounds where every reward is None/NaN: such a round teaches nothing (its advantages are 0). The
-    first one is reported through `warn` (once; None on the processes that stay quiet); `limit` training rounds in a
-    row raise `RewardError`. Every process sees the same gathered rewards, so all agree."""
+    """Watches for completions and rounds where every reward is None/NaN: such a completion teaches nothing (its
+    advantage is 0). The first unscorable completion of the run is reported with TRL 1.16's warning ("All reward
+    functions returned None for the following kwargs: ..."; TRL repeats it every batch, here once); the first round
+    where nothing at all was scored gets grpokit's own line (once). Both go through `warn` (None on the processes that
+    stay quiet). With `limit` set, that many training rounds in a row scoring nothing raise `RewardError`; with None
+    (the default, as TRL) training goes on. Every process sees the same gathered rewards, so all agree."""
 
     def __init__(self, limit: int | None, names: Sequence[str], warn: Callable[[str], Any] | None):
         self.limit, self.names, self.warn = limit, names, warn
         self.in_a_row = 0  # training rounds in a row where every reward was None/NaN
-        self.warned = False
+        self.warned = False  # grpokit's whole-round line
+        self.warned_row = False  # TRL's per-completion line
 
     def check(self, rollout, mode: str) -> None:
         """Count `rollout` (a `Rollout` of `mode`, "train" or "eval"), warn or stop as the class says."""
+        self._warn_as_trl(rollout)
         if not rollout.unscorable:
             if mode == "train":
                 self.in_a_row = 0
@@ -429,6 +434,23 @@ class UnscorableRounds:
                 f"{len(rollout.completions)} completions of the last round, which starts with "
                 + _sample(rollout.prompts, rollout.completions, 0)
             )
+
+    def _warn_as_trl(self, rollout) -> None:
+        if self.warned_row or rollout.rewards is None or rollout.rewards.numel() == 0:
+            return
+        unscored = torch.isnan(rollout.rewards).all(dim=1).nonzero().flatten().tolist()
+        if not unscored:
+            return
+        self.warned_row = True
+        if self.warn is None:
+            return
+        i = unscored[0]
+        row = f"{{'prompt': {_short(rollout.prompts[i])}, 'completion': {_short(rollout.completions[i])}}}"
+        self.warn(
+            f"All reward functions returned None for the following kwargs: {row} (sample {i} of this round; "
+            f"{len(unscored)} of its {len(rollout.completions)} completions unscored, advantage 0): at least one "
+            "reward function must score each completion for it to teach anything; warned once"
+        )
 
 
 def build_reward_functions(
@@ -456,8 +478,8 @@ def build_reward_functions(
     classes = list(processing_classes or [None] * len(reward_funcs))
     if len(classes) != len(reward_funcs):
         raise ValueError(
-            f"got {len(classes)} reward_processing_classes for {len(reward_funcs)} reward functions; pass one per "
-            "reward function (None for callables)"
+            f"got {len(classes)} reward_processing_classes for {len(reward_funcs)} reward functions: the counts must "
+            "match; pass one per reward function (None for callables)"
         )
     funcs = []
     for i, spec in enumerate(reward_funcs):
