@@ -171,7 +171,14 @@ def test_config_imports_only_reward_names_and_the_launch_count():
 
 
 # What each library unit may import: the README's package map, kept true here. Every edge points down this table.
-LEAVES = {"grpokit.algorithms", "grpokit.rewards", "grpokit.fastpath", "grpokit.launch", "grpokit.sharding"}
+LEAVES = {
+    "grpokit.algorithms",
+    "grpokit.rewards",
+    "grpokit.fastpath",
+    "grpokit.launch",
+    "grpokit.sharding",
+    "grpokit.vision",
+}
 MAY_IMPORT = {
     "grpokit.trainer": {
         "grpokit.checkpoints",
@@ -187,9 +194,11 @@ MAY_IMPORT = {
         "grpokit.tiny",
         "grpokit.trl_compat",
         "grpokit.startup",
+        "grpokit.records",
     }
     | LEAVES,
-    "grpokit.startup": {"grpokit.config", "grpokit.launch"},
+    "grpokit.records": {"grpokit.config", "grpokit.data"},
+    "grpokit.startup": {"grpokit.config", "grpokit.launch", "grpokit.vision"},
     "grpokit.trl_compat": {
         "grpokit.agents",
         "grpokit.algorithms",
@@ -197,6 +206,7 @@ MAY_IMPORT = {
         "grpokit.dist",
         "grpokit.generation",
         "grpokit.rollout",
+        "grpokit.vision",
     },
     "grpokit.agents": {"grpokit.generation", "grpokit.dist"},
     "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch"},
@@ -208,6 +218,7 @@ MAY_IMPORT = {
         "grpokit.models",
         "grpokit.config",
         "grpokit.dist",
+        "grpokit.vision",
     },
     "grpokit.generation": {
         "grpokit.scoring",
@@ -216,10 +227,17 @@ MAY_IMPORT = {
         "grpokit.sharding",
         "grpokit.config",
         "grpokit.dist",
+        "grpokit.vision",
     },
-    "grpokit.scoring": {"grpokit.algorithms", "grpokit.fastpath", "grpokit.models", "grpokit.sharding"},
-    "grpokit.data": {"grpokit.config"},
-    "grpokit.models": {"grpokit.sharding"},
+    "grpokit.scoring": {
+        "grpokit.algorithms",
+        "grpokit.fastpath",
+        "grpokit.models",
+        "grpokit.sharding",
+        "grpokit.vision",
+    },
+    "grpokit.data": {"grpokit.config", "grpokit.vision"},
+    "grpokit.models": {"grpokit.sharding", "grpokit.vision"},
     "grpokit.config": {"grpokit.rewards", "grpokit.launch"},
     "grpokit.demo": {"grpokit.tiny"},
     **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny"}},

@@ -56,6 +56,23 @@ GUARDED_FIELDS = (
 )
 
 
+# What a resumed run may change, but is told about in one line (old -> new): the length of the run and the learning
+# rate schedule, and when it logs, evaluates and saves. Recorded in grpokit_run.json; for a checkpoint without them
+# (older grpokit, other trainers), those trainer_state.json keeps.
+SCHEDULE_FIELDS = (
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+)
+_STATE_SCHEDULE = ("max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps")
+
+
 class ResumeError(ValueError):
     """resume_from_checkpoint cannot be honoured: one line (or one line per changed setting) that says why."""
 
@@ -163,12 +180,61 @@ def trainer_run_record(trainer) -> dict:
     )
 
 
-def write_run_record(folder: str, record: dict) -> None:
+def write_run_record(folder: str, record: dict, schedule: dict | None = None) -> None:
     import grpokit
 
+    data = {"grpokit_version": grpokit.__version__, "fields": record}
+    if schedule is not None:
+        data["schedule"] = schedule
     with open(os.path.join(folder, RUN_FILE), "w", encoding="utf-8") as fh:
-        json.dump({"grpokit_version": grpokit.__version__, "fields": record}, fh, indent=2, default=str)
+        json.dump(data, fh, indent=2, default=str)
         fh.write("\n")
+
+
+def schedule_of(args) -> dict:
+    """The SCHEDULE_FIELDS of training arguments, as plain values."""
+    from grpokit.config.parser import plain
+
+    return {name: plain(getattr(args, name, None)) for name in SCHEDULE_FIELDS}
+
+
+def _same_value(old, new) -> bool:
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)) and not isinstance(old, bool):
+        return float(old) == float(new)
+    return old == new
+
+
+def schedule_changes(checkpoint: str, args) -> list[str]:
+    """`name old → new` for each schedule field that differs from the checkpoint's (its grpokit_run.json, else its
+    trainer_state.json), in SCHEDULE_FIELDS order."""
+    saved = None
+    try:
+        with open(os.path.join(checkpoint, RUN_FILE), encoding="utf-8") as fh:
+            saved = json.load(fh).get("schedule")
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not isinstance(saved, dict):
+        try:
+            with open(os.path.join(checkpoint, TRAINER_STATE_NAME), encoding="utf-8") as fh:
+                state = json.load(fh)
+            saved = {name: state[name] for name in _STATE_SCHEDULE if name in state}
+            if saved.get("num_train_epochs") is not None and saved.get("max_steps", -1) > 0:
+                del saved["num_train_epochs"]  # Trainer stores the epochs it computed from max_steps
+        except (OSError, ValueError, AttributeError, TypeError):
+            return []
+    now = schedule_of(args)
+    return [
+        f"{name} {_shown(saved[name])} → {_shown(now[name])}"
+        for name in SCHEDULE_FIELDS
+        if name in saved and not _same_value(saved[name], now[name])
+    ]
+
+
+def _shown(value) -> str:
+    """A schedule value as a person writes it: 2 (not 2.0), 0.001, 3e-06, "cosine"."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return json.dumps(value, default=str)
 
 
 def read_run_record(checkpoint: str) -> dict | None:
@@ -242,7 +308,25 @@ def trainer_resume_checkpoint(trainer, resume_from_checkpoint) -> str | None:
             checkpoint,
             "; ".join(changes),
         )
+    moved = schedule_changes(checkpoint, trainer.args)
+    if moved and trainer.accelerator.is_main_process:
+        # This line says it once; transformers would list logging/eval/save steps again, over several lines.
+        _quiet_transformers_step_mismatch()
+        logger.warning("warning: resuming from %s with a changed schedule: %s", checkpoint, ", ".join(moved))
     return checkpoint
+
+
+class _DropStepMismatch(logging.Filter):
+    def filter(self, record):
+        return "do not match the ones in the `trainer_state.json`" not in str(record.msg)
+
+
+def _quiet_transformers_step_mismatch() -> None:
+    """Drop transformers' own multi-line warning about logging/eval/save steps that differ from the checkpoint's
+    (`compare_trainer_and_checkpoint_args`): the schedule line above says it, with the other fields."""
+    target = logging.getLogger("transformers.trainer_utils")
+    if not any(isinstance(f, _DropStepMismatch) for f in target.filters):
+        target.addFilter(_DropStepMismatch())
 
 
 def check_resume(resolution) -> list[str]:
@@ -491,7 +575,7 @@ def atomic_checkpoint(save_checkpoint):
         if args.should_save and os.path.isdir(folder):
             if best_moved:
                 trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
-            write_run_record(folder, trainer_run_record(trainer))
+            write_run_record(folder, trainer_run_record(trainer), schedule_of(args))
         trainer.accelerator.wait_for_everyone()  # every process has written its files
         final = os.path.join(run_dir, name)
         if args.should_save:
@@ -507,6 +591,38 @@ def atomic_checkpoint(save_checkpoint):
             trainer._push_from_checkpoint(final)
 
     return save
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def without_tied_keys(model, load_result):
+    """`load_result` (a state-dict load's missing and unexpected keys) less the missing keys of tied weights.
+
+    A model whose lm_head shares its tensor with the input embedding (tie_word_embeddings) is saved with that tensor
+    once, under the embedding's name; loading the checkpoint then reports `lm_head.weight` missing, and transformers
+    warns "There were missing keys in the checkpoint model loaded: ['lm_head.weight']", which reads like lost weights.
+    Nothing is lost: the embedding was loaded, and lm_head is the same tensor. A missing key is dropped only when
+    another name of its tensor was loaded."""
+    names_of = defaultdict(list)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of[id(param)].append(name)
+    missing = set(load_result.missing_keys)
+    tied = {
+        name
+        for names in names_of.values()
+        if len(names) > 1 and any(n not in missing for n in names)
+        for name in names
+        if name in missing
+    }
+    if not tied:
+        return load_result
+    kept = [key for key in load_result.missing_keys if key not in tied]
+    if hasattr(load_result, "_replace"):  # torch's _IncompatibleKeys (a named tuple)
+        return load_result._replace(missing_keys=kept)
+    from types import SimpleNamespace
+
+    return SimpleNamespace(missing_keys=kept, unexpected_keys=list(load_result.unexpected_keys))
 
 
 # ---------------------------------------------------------------------------------------------------- round state

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from transformers.utils import is_datasets_available
-
 from .config.precision import hardware_problems
 from .config.rules import reference_problems
 from .config.support import unsupported_settings
@@ -16,14 +14,38 @@ logger = logging.getLogger("grpokit.trainer")  # the trainer's start warnings, u
 
 # Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
 TRL_ONLY_ARGUMENTS = ("quantization_config",)
+# GRPOTrainer's keyword arguments (TRL 1.16's), offered by "did you mean" for a mistyped one.
+TRAINER_ARGUMENTS = (
+    "model",
+    "reward_funcs",
+    "args",
+    "train_dataset",
+    "eval_dataset",
+    "processing_class",
+    "reward_processing_classes",
+    "callbacks",
+    "optimizers",
+    "peft_config",
+    "tools",
+    "environment_factory",
+    "rollout_func",
+)
+
+
+def refuse_unknown_arguments(kwargs) -> None:
+    """A keyword argument GRPOTrainer does not take: a TypeError, as Python's own, with the nearest valid name."""
+    unknown = [name for name in kwargs if name not in TRAINER_ARGUMENTS + TRL_ONLY_ARGUMENTS]
+    if unknown:
+        from .config.suggest import UnknownArgumentError
+
+        raise UnknownArgumentError("GRPOTrainer.__init__", unknown, TRAINER_ARGUMENTS + TRL_ONLY_ARGUMENTS)
 
 
 def check_before_loading(args, reward_funcs, train_dataset, trl_only, owned_rewards: bool = False) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
+    refuse_unknown_arguments(trl_only)
     for name, value in trl_only.items():
-        if name not in TRL_ONLY_ARGUMENTS:
-            raise TypeError(f"GRPOTrainer.__init__() got an unexpected keyword argument {name!r}")
         if value is not None:
             problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
     problems += unsupported_settings(args)
@@ -52,12 +74,12 @@ def check_before_loading(args, reward_funcs, train_dataset, trl_only, owned_rewa
         )
     # The rule GRPOConfig checks when it is built, again for fields assigned after construction.
     problems += [problem.line() for problem in reference_problems(vars(args))]
-    if is_datasets_available():
-        import datasets
+    if train_dataset is not None:  # the rows' images open and fit their prompts (vision-language models)
+        from .vision import VisionError, check_image_rows
 
-        if isinstance(train_dataset, datasets.IterableDataset):
-            problems.append(
-                "train_dataset: iterable (streaming) datasets are not supported yet; use a map-style Dataset"
-            )
+        try:
+            check_image_rows(train_dataset)
+        except VisionError as exc:
+            problems.append(str(exc))
     if problems:
         raise ValueError("GRPOTrainer cannot start:\n  " + "\n  ".join(problems))

@@ -20,13 +20,14 @@ import dataclasses
 import logging
 import os
 import time
+import warnings
 
 import torch
 from accelerate.utils import set_seed as set_process_seed
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpoints, models, sharding
+from . import checkpoints, models, sharding, vision
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
@@ -38,12 +39,13 @@ from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
+from .records import recorder as records
 from .rollout.report import CompletionLog
 from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
-from .startup import check_before_loading
+from .startup import check_before_loading, refuse_unknown_arguments
 from .trl_compat import TRLCompatMixin
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
         reward_funcs = _as_list(reward_funcs)
+        refuse_unknown_arguments(trl_only)  # a mistyped keyword: TypeError with "did you mean", before anything else
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
         train_dataset = self._training_rows(args, train_dataset)
         check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
@@ -109,7 +112,9 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             timeout=args.reward_timeout,
         )
         self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
-        built = models.build_models(model, processing_class, peft_config, args)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated alias when it wraps the model
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            built = models.build_models(model, processing_class, peft_config, args)
         self._model_path, self.eos_token_ids, self.ref_model = built.model_path, built.eos_token_ids, built.reference
         self.router_aux_loss_coef, self.aux_loss_enabled = built.router_aux_loss_coef, built.aux_loss_enabled
         self.loss_settings = LossSettings.from_config(args)
@@ -130,11 +135,15 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 "`accelerate launch` or `torchrun`, or expose one GPU with CUDA_VISIBLE_DEVICES"
             )
         self._check_agent_tokenizer()
+        vision.refuse_images_without_processor(train_dataset, self.processing_class)
         self._init_state(args)
         self._warn_as_trl(args)
         self._place_auxiliary_models()
         if args.sync_ref_model:
             self.add_callback(_SyncReferenceCallback(self))
+        records.attach(self)  # metrics.jsonl, resolved_config.yaml, reward_curve.png; progress_lines
+        if self.accelerator.device.type == "cpu":  # nothing to pin memory for (torch warns when asked to)
+            self.args.dataloader_pin_memory = False
         self.generator = self._make_generator(args)  # after the Trainer has placed the policy
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
@@ -199,10 +208,13 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             policy=self._unwrapped_for_generation,
             model_path=self._model_path,
             dtype=self.accelerator.unwrap_model(self.model).dtype,
-            tokenizer=self.processing_class,
+            tokenizer=vision.tokenizer_of(self.processing_class),
             eos_token_ids=self.eos_token_ids,
             device=self.accelerator.device,
             dist=self._dist,
+            never_sample=vision.image_token_ids(self.processing_class, self.model)
+            if vision.is_processor(self.processing_class)
+            else (),
         )
 
     def _unwrapped_for_generation(self):
@@ -219,6 +231,10 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self._signature_columns = ["prompt"]
 
     def get_train_dataloader(self):
+        from .rollout import stream  # a streaming dataset: its groups formed on the fly (see there)
+
+        if stream.is_stream(self.train_dataset):
+            return stream.train_loader_of(self)
         return self._get_dataloader(
             dataset=self.train_dataset,
             description="Training",
@@ -236,6 +252,12 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             shuffle=self.args.shuffle_dataset,
             seed=self.args.seed,
         )
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        from .rollout import stream
+
+        loader = stream.eval_loader_of(self, eval_dataset)  # None: not a stream
+        return super().get_eval_dataloader(eval_dataset) if loader is None else loader
 
     def _get_eval_sampler(self, eval_dataset):
         return RepeatSampler(eval_dataset, mini_repeat_count=self._num_generations("eval"), seed=self.args.seed)
@@ -302,7 +324,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         return self.args.gradient_accumulation_steps % self.generate_every != 0
 
     def _logps_fn(self, model, chunk_size):
-        def logps(input_ids, attention_mask, logits_to_keep):
+        def logps(input_ids, attention_mask, logits_to_keep, vision=None):
             with self.accelerator.autocast():
                 scores = score_tokens(
                     model,
@@ -311,6 +333,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                     logits_to_keep,
                     temperature=self.args.temperature,
                     chunk_size=chunk_size,
+                    vision=vision,
                 )
             return scores.logps
 
@@ -321,9 +344,9 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             return self._logps_fn(self.ref_model, chunk_size)
         policy_logps = self._logps_fn(self.model, chunk_size)
 
-        def logps(*inputs):
+        def logps(*inputs, **kwargs):
             with models.reference_policy(self.accelerator.unwrap_model(self.model)):
-                return policy_logps(*inputs)
+                return policy_logps(*inputs, **kwargs)
 
         return logps
 
@@ -355,6 +378,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 compute_entropy=True,  # logged; with a gradient only for the entropy bonus
                 entropy_grad=self._entropy_control.enabled,
                 compute_aux_loss=self.aux_loss_enabled,
+                vision=inputs.get("vision"),
             )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each
         old_logps = inputs.get("old_logps")  # None: on-policy
@@ -520,6 +544,10 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         checkpoints.save_round_state(self, folder)
+
+    def _issue_warnings_after_load(self, load_result):
+        # A tied lm_head is saved once, under the embedding's name: not a missing key (see without_tied_keys).
+        super()._issue_warnings_after_load(checkpoints.without_tied_keys(self.model, load_result))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -146,6 +146,26 @@ def test_changed_settings_are_refused_then_allowed(killed_then_resumed):
     assert f"warning: resuming from {run}/checkpoint-3 with changed settings (resume_allow_changes)" in allowed.stderr
 
 
+def test_a_tied_lm_head_is_no_missing_key_and_a_changed_schedule_is_one_line(killed_then_resumed):
+    tmp, recipe, _, resumed = killed_then_resumed
+    run = tmp / "run"
+    # The tiny model ties lm_head to its embedding: saved once, loaded whole, never reported missing.
+    assert resumed.returncode == 0
+    assert "missing keys" not in resumed.stdout + resumed.stderr
+    assert "changed schedule" not in resumed.stderr  # the same schedule: nothing to say
+    longer = ["--max_steps", "4", "--learning_rate", "0.002", "--save_steps", "2"]
+    checkpoint = str(run / "checkpoint-3")  # the resumed run's last (the test above may have trained further)
+    result = run_grpokit("train", "--config", str(recipe), "--resume_from_checkpoint", checkpoint, *longer, cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if "schedule" in line] == [
+        f"warning: resuming from {run}/checkpoint-3 with a changed schedule: max_steps 3 → 4, learning_rate 0.001 "
+        "→ 0.002, save_steps 1 → 2"
+    ]
+    assert "do not match" not in result.stderr  # transformers' own multi-line version of part of it
+    assert "missing keys" not in result.stdout + result.stderr
+    assert json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+
+
 @pytest.mark.parametrize("where", ["missing", "no_checkpoint"])
 def test_nothing_to_resume_is_one_line_before_loading(tmp_path, tiny_model_dir, where):
     recipe = write_recipe(tmp_path, tiny_model_dir)

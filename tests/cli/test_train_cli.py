@@ -80,6 +80,13 @@ def test_train_writes_every_output(tmp_path, tiny_model_dir):
         k: v["value"] for k, v in json.loads(first.stdout).items()
     }
     assert "grpokit" in (run / "resolved_config.yaml").read_text().splitlines()[1]
+    # One writer: each record once (the trainer's recorder), one progress line per log instead of the log dicts.
+    assert [line[:12] for line in result.stdout.splitlines() if line.startswith("step ")] == [
+        "step     1/2",
+        "step     2/2",
+    ]
+    assert "{'loss'" not in result.stdout
+    assert "# python" not in (run / "resolved_config.yaml").read_text()  # the command's sources: yaml, cli
 
 
 def test_plot_redraws_from_metrics(tmp_path):

@@ -35,6 +35,8 @@ EXTRAS = {
         "max_unscorable_rounds",
         "resume_allow_changes",
         "overwrite_output_dir",
+        "write_run_records",
+        "progress_lines",
     },
     "ScriptArguments": set(),
     "GRPOScriptArguments": {"dataset_prompt_column", "system_prompt", "tools", "environment_factory"},

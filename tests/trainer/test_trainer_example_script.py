@@ -38,3 +38,7 @@ def test_example_script_trains_offline(tiny_model_dir, tmp_path):
     assert "'rewards/reward_mentions_answer/mean'" in result.stdout
     assert os.path.isdir(tmp_path / "checkpoint-2")
     assert os.path.exists(tmp_path / "model.safetensors")
+    # the records `grpokit train` leaves, left by a TRL script too (grpokit.records)
+    for name in ("metrics.jsonl", "reward_curve.png", "resolved_config.yaml"):
+        assert os.path.isfile(tmp_path / name), name
+    assert "# python" in (tmp_path / "resolved_config.yaml").read_text()

@@ -1,5 +1,6 @@
 """Each GRPOConfig field the trainer implements has a visible effect in a short run on the tiny model."""
 
+import json
 import os
 
 import pytest
@@ -184,7 +185,10 @@ def test_log_completions_prints_a_table(tiny_model, tiny_tokenizer, dataset, mak
     assert table[3].startswith("+-") and table[4].startswith("| ") and table[5].startswith("| ")
     assert table[6].startswith("+-")  # num_completions_to_print=2 rows
     assert os.path.exists(os.path.join(args.output_dir, "completions", "completions_00001.parquet"))
-    assert len(trainer.logged_completions) == 4
+    # the run's recorder (grpokit.records) wrote the batch's 4 completions to completions.jsonl and took them
+    with open(os.path.join(args.output_dir, "completions.jsonl"), encoding="utf-8") as fh:
+        assert [json.loads(line)["step"] for line in fh] == [1, 1, 1, 1]
+    assert len(trainer.logged_completions) == 0
 
 
 def test_reward_functions_can_log_metrics_and_columns(tiny_model, tiny_tokenizer, dataset, make_args):

@@ -1,122 +1,28 @@
-"""The run's records in output_dir: metrics.jsonl (one row per log, TRL's metric names plus `step`; evaluations'
-rows with `eval_` names), completions.jsonl (logged completions), the one-line progress printed per log, and the
-closing message that lists what the run left."""
+"""What `grpokit train` prints about its records: the closing message that lists what the run left, and the
+libraries' progress bars turned off. The records themselves (metrics.jsonl, completions.jsonl, resolved_config.yaml,
+reward_curve.png, the one-line progress per log) are the library's (`grpokit.records`), written the same way for a
+run started from Python."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
-from transformers import TrainerCallback
+from grpokit.records.recorder import RunRecorder, is_eval_log
 
-from grpokit.config.redaction import redact_deep
-
-
-def _number(value, spec: str) -> str:
-    """A logged value for the progress line: formatted when a number ('nan' for NaN), '-' when missing."""
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
+__all__ = ["RunRecorder", "closing_message", "is_eval_log", "library_progress_bars"]
 
 
-def is_eval_log(logs: dict) -> bool:
-    """An evaluation's log (Trainer.evaluate): TRL's `eval_` metric names, no training `loss` or `reward`."""
-    return "reward" not in logs and "loss" not in logs and any(k.startswith("eval_") for k in logs)
-
-
-class RunRecorder(TrainerCallback):
-    """Appends each training log and each evaluation's to metrics.jsonl, one row each (TRL's metric names plus
-    `step`; an evaluation's row has only `eval_` names, e.g. `eval_reward`, never `reward`), logged completions to
-    completions.jsonl, and prints one progress line per log: step, reward, loss, ETA (`eval  step ...` for an
-    evaluation)."""
-
-    def __init__(self, output_dir: str, *, fresh: bool = True, show_progress: bool = True, keep_until=None):
-        """Rows are only ever appended. `fresh` (the writing process) with `keep_until` (the step of the checkpoint a
-        run resumes from): when training begins, the files' rows logged after that step are dropped (the resumed run
-        logs them again); the rows up to it stay. Nothing is touched before training begins."""
-        self.output_dir = output_dir
-        self.show_progress = show_progress
-        self.trainer = None
-        self._start = None
-        self._trim_at = keep_until if fresh else None
-        self.first_step = None  # the step training began at (0, or the checkpoint's step when resuming)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._start = time.time()
-        self.first_step = state.global_step
-        if self._trim_at is not None:
-            for name in ("metrics.jsonl", "completions.jsonl"):
-                path = os.path.join(self.output_dir, name)
-                if os.path.exists(path):
-                    _keep_rows_until(path, self._trim_at)
-            self._trim_at = None
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        evaluation = is_eval_log(logs)
-        if "reward" not in logs and "loss" not in logs and not evaluation:
-            if "train_runtime" in logs and self.show_progress:
-                print(f"done in {logs['train_runtime']:.0f}s")
-            return
-        row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        with open(os.path.join(self.output_dir, "metrics.jsonl"), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(redact_deep(row)) + "\n")  # metric names are the user's (reward names): redacted
-        if args.log_completions:  # completions.jsonl only when asked for, as the field says
-            self._write_completions(state.global_step, split="eval" if evaluation else None)
-        if self.show_progress and (evaluation or "reward" in logs):
-            print(self._progress_line(logs, state, evaluation), flush=True)
-
-    def _progress_line(self, logs, state, evaluation: bool) -> str:
-        """`step  N/T | reward m ± s | loss l | elapsed, ETA` for a training log; `eval  step N/T | reward m ± s |
-        loss l` for an evaluation (its metrics are TRL's `eval_` names)."""
-        prefix = "eval_" if evaluation else ""
-        total = state.max_steps or 0
-        reward_key, loss_key = prefix + "reward", prefix + "loss"
-        reward = f"{_number(logs.get(reward_key), '.3f')} ± {_number(logs.get(reward_key + '_std', 0), '.3f')}"
-        loss = f" | loss {_number(logs[loss_key], '+.4f')}" if loss_key in logs else ""
-        if evaluation:
-            return f"eval  step {state.global_step:>5}/{total} | reward {reward}{loss}"
-        elapsed = time.time() - (self._start or time.time())
-        eta = elapsed / max(state.global_step, 1) * max(total - state.global_step, 0)
-        return f"step {state.global_step:>5}/{total} | reward {reward}{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s"
-
-    def _write_completions(self, step, split: str | None = None) -> None:
-        """The completions logged since the last log; those of an evaluation marked `"split": "eval"`."""
-        samples = getattr(self.trainer, "logged_completions", None)
-        if not samples:
-            return
-        marker = {"split": split} if split else {}
-        with open(os.path.join(self.output_dir, "completions.jsonl"), "a", encoding="utf-8") as fh:
-            for sample in samples:
-                row = json.loads(json.dumps({"step": step, **marker, **sample}, default=str))  # plain, then redacted
-                fh.write(json.dumps(redact_deep(row)) + "\n")
-        samples.clear()
-
-
-def _keep_rows_until(path: str, step: int) -> None:
-    """Rewrite a JSON-lines file of the run without its rows logged after `step` (or that cannot be read)."""
-    kept = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(kept)
-
-
-def closing_message(output_dir: str, plot_path: str, *, adapter: bool = False) -> str:
+def closing_message(output_dir: str, plot_path: str | None, *, adapter: bool = False, records: bool = True) -> str:
     """What a finished run prints: where its weights (the LoRA adapter only, `adapter_model.safetensors`, for a PEFT
-    run), resolved config, metrics and reward curve are."""
-    rows = [
-        ("LoRA adapter and tokenizer:" if adapter else "model and tokenizer:", f"{output_dir}/"),
-        ("resolved config:", f"{output_dir}/resolved_config.yaml"),
-        ("metrics:", f"{output_dir}/metrics.jsonl"),
-        ("reward curve:", plot_path),
-    ]
+    run), resolved config, metrics and reward curve are (no records with `write_run_records: false`; no curve when no
+    training step was logged)."""
+    rows = [("LoRA adapter and tokenizer:" if adapter else "model and tokenizer:", f"{output_dir}/")]
+    if records:
+        rows += [
+            ("resolved config:", f"{output_dir}/resolved_config.yaml"),
+            ("metrics:", f"{output_dir}/metrics.jsonl"),
+            ("reward curve:", plot_path or "(none: no training step was logged)"),
+        ]
     width = max(len(label) for label, _ in rows) + 1
     return "\n" + "\n".join(f"{label:<{width}}{value}" for label, value in rows)
 

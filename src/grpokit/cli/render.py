@@ -1,10 +1,14 @@
-"""Rendering a resolution: table, JSON and re-runnable YAML (with provenance comments)."""
+"""Rendering a resolution: table, JSON and re-runnable YAML (with provenance comments; `grpokit.records.resolved`,
+the writer of resolved_config.yaml)."""
 
 from __future__ import annotations
 
 import json
 
-from grpokit.config.redaction import REDACTED, env_placeholder, field_placeholder, is_secret_env, shown_value
+from grpokit.config.redaction import REDACTED, is_secret_env, shown_value
+from grpokit.records.resolved import as_yaml, env_of  # the YAML form is resolved_config.yaml's writer
+
+__all__ = ["as_json", "as_table", "as_yaml"]
 
 
 def as_json(resolution) -> str:
@@ -38,39 +42,5 @@ def as_table(resolution, *, show_all: bool = False) -> str:
     return "\n".join(lines)
 
 
-def as_yaml(resolution, header: list[str] | None = None) -> str:
-    """Every value that is not a default or derived, one per line with its source as a comment.
-
-    Passed back with `--config`, the file resolves to the same values: defaults come back by themselves and derived
-    values are derived again. Values are written in JSON form, which YAML reads identically. Secrets are the
-    exception: a secret field (hub_token) or `env:` variable (HF_TOKEN) is written as a comment that says where the
-    value must come from instead (`redaction`).
-    """
-    lines = [f"# {h}" for h in header or []]
-    for key, value in resolution.values.items():
-        source = resolution.sources.get(key, "default")
-        if source in ("default", "derived"):
-            continue
-        if shown_value(key, value) != value:
-            lines.append(f"# {key}: {field_placeholder(key)}  # {source}")
-            continue
-        lines.append(f"{key}: {json.dumps(value, default=str)}  # {source}")
-    env = _env(resolution)
-    if env:
-        lines.append(f"env:  # {next(iter(env.values()))[1]}")
-        for name, (value, source) in env.items():
-            if is_secret_env(name):
-                lines.append(f"  # {name}: {env_placeholder(name)}  # {source}")
-            else:
-                key = name if name.isidentifier() else json.dumps(name)
-                lines.append(f"  {key}: {json.dumps(value)}  # {source}")
-    derived = [k for k, s in resolution.sources.items() if s == "derived"]
-    if derived:
-        lines.append(
-            "# derived when resolved: " + ", ".join(f"{k}={json.dumps(resolution.values[k])}" for k in derived)
-        )
-    return "\n".join(lines) + "\n"
-
-
 def _env(resolution) -> dict:
-    return getattr(resolution, "env", None) or {}
+    return env_of(resolution)

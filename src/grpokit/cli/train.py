@@ -13,7 +13,7 @@ import os
 import sys
 
 from grpokit.cli.preflight import check_train_args, print_error
-from grpokit.cli.records import RunRecorder, closing_message, library_progress_bars
+from grpokit.cli.records import closing_message, library_progress_bars
 
 
 def run_train(argv) -> int:
@@ -176,15 +176,11 @@ def _load_and_train(resolution, *, demo: bool) -> int:
         return 2
 
     _finish_model_kwargs(training_args, model_args)
-    from grpokit.checkpoints import checkpoint_step
     from grpokit.generation import GenerationError
     from grpokit.trainer import GRPOTrainer
 
-    recorder = RunRecorder(
-        training_args.output_dir,
-        fresh=training_args.process_index == 0,
-        keep_until=checkpoint_step(training_args.resume_from_checkpoint),
-    )
+    if training_args.progress_lines is None:  # the command's console: one line per log (see grpokit.records)
+        training_args.progress_lines = True
     try:
         trainer = GRPOTrainer(
             model=model_args.model_name_or_path,
@@ -193,7 +189,6 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
             peft_config=_peft_config(model_args),
-            callbacks=[recorder],
             **agent_arguments,
         )
     except (OSError, ValueError, GenerationError) as exc:
@@ -202,7 +197,9 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             message = f"loading {model_args.model_name_or_path!r} failed: {message}"
         print_error(message)
         return 2
-    recorder.trainer = trainer
+    # The trainer's own recorder writes the records (grpokit.records), resolved_config.yaml from this resolution.
+    recorder = trainer.run_recorder
+    recorder.resolution = resolution
     from grpokit.checkpoints import processes_source
 
     # Where each setting a checkpoint records came from (grpokit_run.json, checked when a run resumes).
@@ -211,11 +208,6 @@ def _load_and_train(resolution, *, demo: bool) -> int:
         from grpokit.models import ignore_boolean_buffers
 
         ignore_boolean_buffers(trainer.accelerator.unwrap_model(trainer.model))
-    # RunRecorder prints one progress line per log (step, reward, loss, ETA) instead of tqdm and raw log dicts.
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(ProgressCallback)
-    trainer.remove_callback(PrinterCallback)
     from grpokit.cli.stopping import GracefulStop
 
     stop = GracefulStop(announce=trainer.is_world_process_zero())
@@ -228,7 +220,6 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             cleared = clear_previous_run(training_args.output_dir)
             if cleared:
                 print(f"overwrite_output_dir: removed the previous run's {', '.join(cleared)}", file=sys.stderr)
-        _write_resolved_config(resolution, training_args.output_dir)
     stop.install()
     try:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -253,12 +244,10 @@ def _load_and_train(resolution, *, demo: bool) -> int:
         print_error(str(exc))
         return 1
     if trainer.is_world_process_zero():
-        from grpokit.cli.plot import plot_run
-
-        plot = plot_run(training_args.output_dir)
-        out = training_args.output_dir
-        print(closing_message(out, plot, adapter=bool(model_args.use_peft)))  # a PEFT run saves the adapter only
-        if demo:
+        out = training_args.output_dir  # reward_curve.png: drawn by the recorder when training ended
+        # a PEFT run saves the adapter only
+        print(closing_message(out, recorder.plot_path, adapter=bool(model_args.use_peft), records=recorder.write))
+        if demo and recorder.write:
             _demo_verdict(out)
     return 0
 
@@ -408,111 +397,8 @@ def _peft_config(model_args):
     )
 
 
-# Path-valued fields: outputs are made absolute always, inputs only when they exist on disk (else a hub id or name).
-_OUTPUT_PATHS = ("output_dir", "logging_dir")
-_INPUT_PATHS = (
-    "model_name_or_path",
-    "reward_model_name_or_path",
-    "dataset_name",
-    "resume_from_checkpoint",
-    "deepspeed",
-    "fsdp_config",
-)
-
-
-def _absolute(value, *, must_exist: bool = True):
-    """A relative path made absolute (from the current directory); anything else (a hub id, a split name, an absolute
-    path, a non-string) as it is."""
-    if not isinstance(value, str) or not value or os.path.isabs(os.path.expanduser(value)):
-        return value
-    if must_exist and not os.path.exists(value):
-        return value
-    return os.path.abspath(value)
-
-
-def rerunnable_values(values: dict) -> dict:
-    """The resolved values with their relative paths made absolute, so the resolved config runs from any directory
-    (the run folder included): outputs always, inputs that exist on disk (model, dataset, eval file, mixture entries
-    and their data files, checkpoint, DeepSpeed/FSDP files)."""
-    values = dict(values)
-    for key in _OUTPUT_PATHS:
-        if key in values:
-            values[key] = _absolute(values[key], must_exist=False)
-    for key in _INPUT_PATHS:
-        if key in values:
-            values[key] = _absolute(values[key])
-    from grpokit.data import is_data_file
-
-    if is_data_file(values.get("dataset_test_split")):  # an eval file; otherwise the name of a split
-        values["dataset_test_split"] = _absolute(values["dataset_test_split"])
-    if isinstance(values.get("datasets"), list):
-        values["datasets"] = [_absolute_entry(entry) for entry in values["datasets"]]
-    return values
-
-
-def _absolute_entry(entry):
-    """A `datasets:` mixture entry with its local `path` absolute, and its `data_files` when they are relative to the
-    current directory (a builder such as `json` as path); data_files inside a dataset folder stay relative to it."""
-    if not isinstance(entry, dict):
-        return entry
-    entry = dict(entry)
-    folder = isinstance(entry.get("path"), str) and os.path.isdir(entry["path"])
-    entry["path"] = _absolute(entry.get("path"))
-    files = entry.get("data_files")
-    if files is not None and not folder:
-        if isinstance(files, dict):
-            entry["data_files"] = {
-                k: [_absolute(f) for f in v] if isinstance(v, list) else _absolute(v) for k, v in files.items()
-            }
-        elif isinstance(files, list):
-            entry["data_files"] = [_absolute(f) for f in files]
-        else:
-            entry["data_files"] = _absolute(files)
-    return entry
-
-
-def _write_resolved_config(resolution, output_dir) -> None:
-    import dataclasses
-    import platform
-    import shlex
-
-    import torch
-    import transformers
-
-    import grpokit
-    from grpokit.cli.render import as_yaml
-
-    path = os.path.abspath(os.path.join(output_dir, "resolved_config.yaml"))
-    header = [
-        f"resolved configuration of this run; re-run with: grpokit train --config {shlex.quote(path)}",
-        f"grpokit {grpokit.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"python {platform.python_version()}",
-        "each value is followed by its source: cli, yaml:<file>:<line>, recipe:<name>, migrated:<old key>",
-        "local paths in it are absolute: it runs from any directory, the run folder included",
-    ]
-    if _user_reward_modules(resolution.values.get("reward_funcs")):
-        header.append(f"reward functions are imported from your modules: run it from {shlex.quote(os.getcwd())}")
-    if resolution.values.get("tools") or resolution.values.get("environment_factory"):
-        header.append(f"tools and environments are imported from your modules: run it from {shlex.quote(os.getcwd())}")
-    rerunnable = dataclasses.replace(resolution, values=rerunnable_values(resolution.values))
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(as_yaml(rerunnable, header=header))
-
-
-def _user_reward_modules(specs) -> bool:
-    """Whether reward_funcs name a dotted path whose module is a file or folder of the current directory (imported
-    from there, as `_resolve_rewards` allows)."""
-    for spec in specs or []:
-        name = spec.get("name") if isinstance(spec, dict) else spec
-        if isinstance(name, str) and "." in name:
-            top = name.split(".", 1)[0]
-            if os.path.exists(f"{top}.py") or os.path.isdir(top):
-                return True
-    return False
-
-
 def _demo_verdict(output_dir) -> None:
-    from grpokit.cli.plot import read_metrics
+    from grpokit.records.plot import read_metrics
 
     rows = [r for r in read_metrics(output_dir) if "reward" in r]
     if not rows:

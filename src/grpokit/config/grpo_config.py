@@ -375,10 +375,10 @@ class GRPOConfig(TrainingArguments):
         },
     )
     max_unscorable_rounds: int | None = field(
-        default=3,
+        default=None,
         metadata={
             "help": "Stop after this many generation rounds in a row where every reward is None/NaN (nothing to "
-            "learn from: zero advantages). null never stops. grpokit extension."
+            "learn from: zero advantages). null (the default, as TRL) warns and trains on. grpokit extension."
         },
     )
 
@@ -551,6 +551,21 @@ class GRPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Hub dataset repository to upload logged completions to; needs log_completions."},
     )
+    write_run_records: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave the run's records in output_dir, from Python as from `grpokit train`: metrics.jsonl (a row "
+            "per log), resolved_config.yaml (each value with its source, `python` for a GRPOConfig argument), "
+            "reward_curve.png, and completions.jsonl with log_completions. grpokit extension."
+        },
+    )
+    progress_lines: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Print one line per log (step, reward ± std, loss, ETA) instead of transformers' log dicts and "
+            "progress bar. null: on under `grpokit train`, off in Python (TRL's console). grpokit extension."
+        },
+    )
     wandb_entity: str | None = field(
         default=None,
         metadata={"help": "Weights & Biases entity: sets WANDB_ENTITY when training starts. open-r1 field."},
@@ -597,6 +612,11 @@ class GRPOConfig(TrainingArguments):
         # dataclass writes __init__ (a subclass's too) and __new__ sees the same arguments.
         config = super().__new__(cls)
         names = [f.name for f in fields(cls) if f.init]
+        unknown = [key for key in kwargs if key not in names]
+        if unknown:  # a TypeError as Python's own, with the nearest field name
+            from .suggest import UnknownArgumentError
+
+            raise UnknownArgumentError(f"{cls.__name__}.__init__", unknown, names)
         object.__setattr__(config, "_explicit_fields", frozenset(names[: len(args)]) | frozenset(kwargs))
         return config
 
@@ -614,6 +634,8 @@ class GRPOConfig(TrainingArguments):
     def __post_init__(self):
         if self.recipe is not None:
             _apply_recipe_defaults(self)
+        if self.debug is None:  # what HfArgumentParser gives for the unset list field; transformers reads it as ""
+            self.debug = ""
         validate_instance(self)
         # The configuration is judged, not the machine: TrainingArguments would reject bf16/tf32 on a CPU-only
         # machine, so they are held back here and checked (and applied) when training starts; see `precision.py`.

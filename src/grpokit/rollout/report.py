@@ -24,12 +24,30 @@ def _calls_text(message: dict) -> str:
     return "".join(f" [{f.get('name')}({json.dumps(f.get('arguments'), default=str)})]" for f in functions)
 
 
-def _cell(value: Any, width: int) -> str:
+def _cell(value: Any, width: int, *, keep_end: bool = False) -> str:
+    """One cell: a number with 2 decimals, or the text cut to `width` (its end kept with `keep_end`)."""
     if isinstance(value, float):
         text = "nan" if math.isnan(value) else f"{value:.2f}"
     else:
         text = _text(value).replace("\r", "").replace("\n", "\\n").replace("\t", " ")
-    return text if len(text) <= width else text[: width - 3] + "..."
+    if len(text) <= width:
+        return text
+    return "..." + text[3 - width :] if keep_end else text[: width - 3] + "..."
+
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+def _is_conversation(entry: Any) -> bool:
+    return isinstance(entry, list) and all(isinstance(m, dict) for m in entry)
+
+
+def _without_system(entry: Any) -> Any:
+    """A conversation's messages less its system and developer messages (the same system prompt in every row would
+    fill the prompt cell before the user's message shows); a text prompt as it is."""
+    if not _is_conversation(entry):
+        return entry
+    return [m for m in entry if m.get("role") not in SYSTEM_ROLES] or entry
 
 
 def select_rows(prompts: Sequence, num_samples: int | None, *, unique_prompts: bool = False, seed: int | None = None):
@@ -63,17 +81,22 @@ def completions_table(
 ) -> str:
     """A fixed-width table, one row per completion: prompt, completion, each reward, the advantage, extra columns.
 
-    Long texts are cut to `text_width` characters and newlines shown as `\\n`.
+    Long texts are cut to `text_width` characters and newlines shown as `\\n`. A conversational prompt is shown
+    without its system and developer messages (the header then says `prompt (no system)`; completions.jsonl and the
+    parquet files keep the whole prompt), and a prompt too long for its cell keeps its end, the latest message (the
+    one the completion answers), behind a leading `...`.
     """
     rows = select_rows(prompts, num_samples, unique_prompts=unique_prompts)
     extra = extra or {}
-    headers = ["prompt", "completion", *rewards, "advantage", *extra]
+    shown = [_without_system(prompts[i]) for i in rows]
+    dropped = any(p is not prompts[i] and len(p) < len(prompts[i]) for p, i in zip(shown, rows, strict=True))
+    headers = ["prompt (no system)" if dropped else "prompt", "completion", *rewards, "advantage", *extra]
     widths = [text_width, text_width] + [text_width if h == "tools" else max(9, len(h)) for h in headers[2:]]
     body = []
-    for i in rows:
-        values = [prompts[i], completions[i], *(float(r[i]) for r in rewards.values()), float(advantages[i])]
+    for prompt, i in zip(shown, rows, strict=True):
+        values = [prompt, completions[i], *(float(r[i]) for r in rewards.values()), float(advantages[i])]
         values += [col[i] if i < len(col) else "" for col in extra.values()]
-        body.append([_cell(v, w) for v, w in zip(values, widths, strict=True)])
+        body.append([_cell(v, w, keep_end=j == 0) for j, (v, w) in enumerate(zip(values, widths, strict=True))])
     widths = [max([len(h)] + [len(r[c]) for r in body]) for c, h in enumerate(headers)]
     numeric = set(range(2, 3 + len(rewards)))
 

@@ -1,0 +1,108 @@
+"""`reward_curve.png`: reward ± reward_std and loss over steps, drawn from a run's metrics.jsonl, with the eval reward
+(`eval_reward` ± `eval_reward_std`) as markers when the run evaluated. Drawn by the run when training ends (see
+`grpokit.records.recorder`), and again by `grpokit plot RUN_DIR`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} does not exist: is {run_dir} a grpokit run directory?")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise ValueError(f"{path}:{number}: not a JSON object") from None
+    return rows
+
+
+def has_reward_rows(run_dir: str) -> bool:
+    """Whether RUN_DIR/metrics.jsonl exists and has a training row with a reward (what the plot needs)."""
+    try:
+        return bool(curve_series(read_metrics(run_dir))["reward"]["step"])
+    except ValueError:
+        return False
+
+
+def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
+    """The series the plot draws, from metrics.jsonl rows: {"reward": {step, mean, std}, "loss": {step, value},
+    "eval_reward": {step, mean, std}, "tool_calls": {step, value}}; a series with no rows has empty lists. Training
+    rows are those with `reward`, evaluation rows those with `eval_reward` (TRL's names; an evaluation's row has no
+    `reward`)."""
+    train = [r for r in rows if "reward" in r and "step" in r]
+    evaluation = [r for r in rows if "eval_reward" in r and "step" in r]
+    losses = [r for r in train if "loss" in r]
+    return {
+        "reward": {
+            "step": [r["step"] for r in train],
+            "mean": [r["reward"] for r in train],
+            "std": [r.get("reward_std", 0.0) for r in train],
+        },
+        "loss": {"step": [r["step"] for r in losses], "value": [r["loss"] for r in losses]},
+        "eval_reward": {
+            "step": [r["step"] for r in evaluation],
+            "mean": [r["eval_reward"] for r in evaluation],
+            "std": [r.get("eval_reward_std", 0.0) for r in evaluation],
+        },
+        "tool_calls": {
+            "step": [r["step"] for r in train if "tools/call_frequency" in r],
+            "value": [r["tools/call_frequency"] for r in train if "tools/call_frequency" in r],
+        },
+    }
+
+
+def plot_run(run_dir: str) -> str:
+    """Draw RUN_DIR/reward_curve.png; return its path."""
+    series = curve_series(read_metrics(run_dir))
+    reward, loss, evaluation = series["reward"], series["loss"], series["eval_reward"]
+    if not reward["step"]:
+        raise ValueError(f"{run_dir}/metrics.jsonl has no logged training step with a reward")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_l) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax_r.plot(reward["step"], reward["mean"], color="tab:blue", label="reward (mean)")
+    ax_r.fill_between(
+        reward["step"],
+        [m - s for m, s in zip(reward["mean"], reward["std"], strict=True)],
+        [m + s for m, s in zip(reward["mean"], reward["std"], strict=True)],
+        color="tab:blue",
+        alpha=0.2,
+        label="± reward_std",
+    )
+    if evaluation["step"]:
+        ax_r.errorbar(
+            evaluation["step"],
+            evaluation["mean"],
+            yerr=evaluation["std"],
+            color="tab:orange",
+            marker="o",
+            linestyle="--",
+            capsize=3,
+            label="eval reward ± std",
+        )
+    calls = series["tool_calls"]
+    if calls["step"]:  # an agent run: tool calls per completion beside the reward
+        ax_r.plot(calls["step"], calls["value"], color="tab:green", linestyle=":", label="tool calls per completion")
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="lower right")
+    ax_r.grid(alpha=0.3)
+    ax_l.plot(loss["step"], loss["value"], color="tab:red")
+    ax_l.set_ylabel("loss")
+    ax_l.set_xlabel("optimizer step")
+    ax_l.grid(alpha=0.3)
+    fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
+    fig.tight_layout()
+    path = os.path.join(run_dir, "reward_curve.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
