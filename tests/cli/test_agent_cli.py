@@ -126,8 +126,7 @@ def test_without_agent_fields_the_call_is_unchanged(tmp_path, tiny_model_dir, us
         "train_dataset",
         "eval_dataset",
         "peft_config",
-        "callbacks",
-    }
+    }  # the run's records are the trainer's own callback (grpokit.records), not one the command passes
     assert not user_code.exists()
 
 
