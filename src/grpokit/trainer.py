@@ -170,7 +170,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
         self._metrics = MetricBuffers(self._dist, self.accelerator.device)
-        self._completion_log = CompletionLog(args.generation_batch_size)
+        images = os.path.join(args.output_dir, "completions", "images") if args.log_multimodal else None
+        self._completion_log = CompletionLog(args.generation_batch_size, image_dir=images)
         # The latest generation batch as one dict per completion, for callbacks (the CLI's run recorder reads and
         # clears it); bounded, so nothing accumulates when no one reads it.
         self.logged_completions = self._completion_log.samples

@@ -237,3 +237,36 @@ def test_a_vision_model_trains_on_text_only_prompts(conversational, tmp_path):
     )
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+@pytest.mark.parametrize("log_multimodal", [True, False])
+def test_logged_completions_carry_their_images(log_multimodal, tmp_path, capsys):
+    """log_completions + log_multimodal: each distinct image is written once and every completion's record points at
+    its own; the table shows `<image>` where an image was. Without log_multimodal no image is written."""
+    import json
+
+    model, processor = build_vlm("llava")
+    args = config(tmp_path, max_steps=1, log_completions=True, log_multimodal=log_multimodal, logging_steps=1)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=image_rows(), processing_class=processor
+    )
+    trainer.train()
+    assert "user: <image>Describe" in capsys.readouterr().out
+    records = [json.loads(line) for line in open(tmp_path / "completions.jsonl")]
+    assert len(records) == 4  # 2 prompts x 2 completions
+    folder = tmp_path / "completions" / "images"
+    if not log_multimodal:
+        assert not folder.exists() and all("images" not in r for r in records)
+        return
+    # dataset row i ("Describe i") holds 1 + i % 2 distinct images; a prompt's two completions share its files
+    for record in records:
+        row = int(record["prompt"][0]["content"][-1]["text"].split()[-1])
+        assert record["prompt"][0]["content"][0] == {"type": "image"}
+        assert len(record["images"]) == 1 + row % 2
+        assert all((tmp_path / "completions" / path).is_file() for path in record["images"])
+    distinct = {path for record in records for path in record["images"]}
+    assert sorted(p.name for p in folder.iterdir()) == sorted(os.path.basename(p) for p in distinct)
+    by_prompt = {}
+    for record in records:
+        by_prompt.setdefault(json.dumps(record["prompt"]), []).append(record["images"])
+    assert all(a == b for a, b in by_prompt.values()) and len(by_prompt) == 2

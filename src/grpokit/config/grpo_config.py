@@ -545,7 +545,10 @@ class GRPOConfig(TrainingArguments):
     )
     log_multimodal: bool = field(
         default=True,
-        metadata={"help": "Include images in logged completions for multimodal prompts."},
+        metadata={
+            "help": "Include images in logged completions for multimodal prompts: with log_completions, each image "
+            "is written once to <output_dir>/completions/images/ and completions.jsonl records its path."
+        },
     )
     log_completions_hub_repo: str | None = field(
         default=None,

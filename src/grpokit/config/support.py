@@ -27,8 +27,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "-> name, split, columns; a weight w keeps that fraction of the rows: fraction)",
 }
 
-# `log_multimodal`: it only concerns images, and image prompts / multimodal processors are refused by the trainer.
-
 
 def unsupported_settings(*configs) -> list[str]:
     """One line per not-yet-implemented field set to a non-default value in any of `configs`."""

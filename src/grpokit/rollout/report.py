@@ -13,8 +13,17 @@ from typing import Any
 
 def _text(entry: Any) -> str:
     if isinstance(entry, list) and all(isinstance(m, dict) for m in entry):
-        return " | ".join(f"{m.get('role', '')}: {m.get('content', '')}{_calls_text(m)}" for m in entry)
+        return " | ".join(f"{m.get('role', '')}: {_content_text(m.get('content', ''))}{_calls_text(m)}" for m in entry)
     return str(entry)
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: content blocks joined, each image shown as `<image>`."""
+    if isinstance(content, list) and all(isinstance(block, dict) for block in content):
+        return "".join(
+            "<image>" if block.get("type") == "image" else str(block.get("text") or "") for block in content
+        )
+    return "" if content is None else str(content)
 
 
 def _calls_text(message: dict) -> str:
@@ -130,7 +139,11 @@ class CompletionLog:
     """The prompts, completions, rewards and advantages of the latest generation batch (all processes), shown at
     each logging step when `log_completions` is on."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, image_dir: str | None = None):
+        """`image_dir`: where the images of logged image prompts are written (`log_multimodal`); their paths,
+        relative to its parent, go into each completion's record under `images`. None: images are not written."""
+        self.image_dir = image_dir
+        self._images_written = 0
         self.prompts, self.completions, self.advantages = deque(maxlen=size), deque(maxlen=size), deque(maxlen=size)
         self.rewards = defaultdict(lambda: deque(maxlen=size))
         self.extra = defaultdict(lambda: deque(maxlen=size))
@@ -189,6 +202,11 @@ class CompletionLog:
             self.samples.append(
                 {"prompt": prompt, "completion": completion, "rewards": rewards, "advantage": advantage}
             )
+        if self.image_dir is not None and rollout.images is not None and dist.process_index == 0:
+            records = list(self.samples)[-len(rollout.images) :]
+            for sample, paths in zip(records, self._write_images(rollout.images), strict=True):
+                if paths:
+                    sample["images"] = paths
         local_rows = len(rollout.prompts) // dist.num_processes
         for column in sorted(set(dist.gather_object(list(self._pending_extra)))):
             values = self._pending_extra.get(column, [None] * local_rows)
@@ -200,6 +218,27 @@ class CompletionLog:
                 sample["tool_calls"] = made
             self.extra["tools"].extend(_calls_summary(made) for made in calls)
         self._pending_calls.clear()
+
+    def _write_images(self, images: list) -> list[list[str]]:
+        """Each row's images as PNG files in `image_dir` (a group's repeats share one file): their paths relative to
+        the directory above it."""
+        import hashlib
+
+        os.makedirs(self.image_dir, exist_ok=True)
+        written: dict[str, str] = {}
+        paths = []
+        for row in images:
+            row_paths = []
+            for image in row or []:
+                digest = hashlib.blake2b(image.tobytes(), digest_size=16).hexdigest() + f"{image.size}"
+                if digest not in written:
+                    self._images_written += 1
+                    name = f"image_{self._images_written:07d}.png"
+                    image.save(os.path.join(self.image_dir, name))
+                    written[digest] = os.path.join(os.path.basename(self.image_dir), name)
+                row_paths.append(written[digest])
+            paths.append(row_paths)
+        return paths
 
     def report(self, step: int, output_dir: str, num_samples: int | None, unique_prompts: bool) -> str:
         """Print the table and write the whole batch to `<output_dir>/completions/completions_<step>.parquet`;

@@ -75,6 +75,8 @@ class RolloutSettings:
     # The generation engine's own sequence limit when it has one (vLLM's max model length): a tool round whose next
     # turn's input would reach it is dropped, as one reaching max_positions is.
     engine_positions: int | None = None
+    # Keep the images of image prompts in the rollout (all processes) for the completion records (log_multimodal)
+    log_images: bool = False
 
     @classmethod
     def from_config(cls, args, num_generations: int, *, max_positions: int | None = None) -> RolloutSettings:
@@ -100,6 +102,7 @@ class RolloutSettings:
             max_positions=max_positions,
             max_completion_length=args.max_completion_length,
             engine_positions=args.vllm_max_model_length if args.use_vllm else None,
+            log_images=bool(args.log_completions and args.log_multimodal),
             **correction,
         )
 
@@ -126,6 +129,7 @@ class Rollout:
     sampling_logps: Tensor | None = None  # (B, C) the generation backend's own logprobs (vLLM), NaN where unknown
     importance_sampling_ratio: Tensor | None = None  # (B, C) or (B, 1) pi_old / pi_sampler weights (vLLM correction)
     vision: vision.VisionRows | None = None  # a vision-language model's image inputs, one entry per row
+    images: list | None = None  # (N,) each row's PIL images (None: none), all processes; with settings.log_images
     # Logging, over all processes (N = B x processes rows)
     prompts: list = field(default_factory=list)
     completions: list = field(default_factory=list)
@@ -262,6 +266,7 @@ def produce_rollout(
         sampling_logps=sampling_logps,
         importance_sampling_ratio=importance_sampling_ratio,
         vision=vision_rows,
+        images=_logged_images(prompts, settings, dist),
         prompts=dist.gather_object([vision.without_images(p) for p in prompts]),
         completions=dist.gather_object(completions),
         rewards=all_rewards.cpu(),
@@ -270,6 +275,14 @@ def produce_rollout(
         metrics=metrics,
         unscorable=bool(torch.isnan(all_rewards).all()),
     )
+
+
+def _logged_images(prompts: list, settings: RolloutSettings, dist: Collective) -> list | None:
+    """Every process's rows' images (for the records), or None when not logged or no row has one."""
+    if not settings.log_images:
+        return None
+    images = dist.gather_object([vision.prompt_images(p) or None for p in prompts])
+    return images if any(images) else None
 
 
 def generate_completions(
