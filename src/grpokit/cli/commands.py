@@ -291,19 +291,20 @@ def _config(args) -> int:
 
 
 def _print_plan(resolution) -> None:
-    from grpokit.cli.plan import agent_plan, batch_geometry, memory_estimate
+    from grpokit.cli.plan import agent_plan, batch_geometry, memory_estimate, vision_plan
 
     print("batch geometry")
     rows = batch_geometry(resolution.values, processes=resolution.processes, processes_how=resolution.processes_how)
     width = max(len(r[0]) for r in rows)
     for name, value, how in rows:
         print(f"  {name:<{width}}  {str(value):>8}  {how}")
-    agent = agent_plan(resolution.values)
-    if agent is not None:
-        print("agent rollouts")
-        width = max(len(r[0]) for r in agent)
-        for name, value, how in agent:
-            print(f"  {name:<{width}}  {str(value):>8}  {how}")
+    for title, section in (("agent rollouts", agent_plan), ("image prompts", vision_plan)):
+        rows = section(resolution.values)
+        if rows is not None:
+            print(title)
+            width = max(len(r[0]) for r in rows)
+            for name, value, how in rows:
+                print(f"  {name:<{width}}  {str(value):>8}  {how}")
     launch = resolution.launch
     memory = memory_estimate(
         resolution.values,

@@ -244,6 +244,11 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
     prompt = values.get("max_prompt_length")
     prompt_note = f"prompt {prompt}" if prompt else "prompt length unknown: 512 assumed (set max_prompt_length)"
     seq = (prompt or 512) + completion
+    images = image_tokens(values.get("model_name_or_path"))
+    if images is not None and images[0] is not None and not prompt:
+        # max_prompt_length counts image tokens when set; else they come on top of the assumed text
+        seq += images[0]
+        prompt_note += f", plus {images[0]} image tokens (one image)"
     act_per_token_layer = h if values.get("gradient_checkpointing") else 10 * h + 2 * inter
 
     plan = sharding(accelerate_config, processes)
@@ -334,6 +339,73 @@ def memory_estimate(values, *, processes: int = 1, accelerate_config=None) -> li
             + (", less what is offloaded to CPU memory" if plan.offloaded else ""),
         )
     )
+    return rows
+
+
+def _json(path: str, name: str) -> dict:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+        return {}
+    with open(file, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def image_tokens(path) -> tuple[int | None, str] | None:
+    """`(tokens per image, how)` of a local vision-language checkpoint, from its config.json and processor config
+    (`tokens` None when its family's count is not known here); None for a text-only or non-local model."""
+    if not path or not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    config = _json(path, "config.json")
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+    processor = {**_json(path, "preprocessor_config.json"), **_json(path, "processor_config.json")}
+    images = processor.get("image_processor", processor)
+    kind = config.get("model_type", "")
+    try:
+        if kind == "llava":
+            side = vision["image_size"] // vision["patch_size"]
+            extra = 1 if config.get("vision_feature_select_strategy", "default") == "full" else 0
+            return side * side + extra, f"LLaVA: ({vision['image_size']} / {vision['patch_size']})^2 patches"
+        if kind == "gemma3":
+            n = config.get("mm_tokens_per_image", 256)
+            return n + 4, f"Gemma3: mm_tokens_per_image {n} + begin/end of image and a blank line each side"
+        if kind in ("idefics3", "smolvlm"):
+            seq_len = processor.get("image_seq_len", 64)
+            if not images.get("do_image_splitting", True):
+                return seq_len + 3, f"{kind}: image_seq_len {seq_len} + 3 markers, no splitting"
+            tiles = -(-images["size"]["longest_edge"] // images["max_image_size"]["longest_edge"])
+            n = (tiles * tiles + 1) * (seq_len + 3)
+            return n, f"{kind}: up to {tiles}x{tiles} tiles + the whole image, image_seq_len {seq_len} + 3 each"
+        if kind in ("qwen2_vl", "qwen2_5_vl"):
+            pixels = images.get("max_pixels") or images.get("size", {}).get("longest_edge")
+            patch, merge = images.get("patch_size", 14), images.get("merge_size", 2)
+            n = pixels // (patch * patch * merge * merge)
+            return n + 2, f"{kind}: up to max_pixels {pixels} / ({patch}x{patch} patches x {merge}x{merge}) + 2"
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return None, f"model_type {kind!r}: its image token count is not known here"
+
+
+def vision_plan(values) -> list[tuple[str, object, str]] | None:
+    """(name, value, how) rows for a local vision-language model; None otherwise."""
+    found = image_tokens(values.get("model_name_or_path"))
+    if found is None:
+        return None
+    tokens, how = found
+    prompt = values.get("max_prompt_length")
+    rows: list[tuple[str, object, str]] = [
+        ("image tokens per image", "unknown" if tokens is None else tokens, how),
+        ("vision tower", "not counted", "the memory rows below count the language model's weights only"),
+    ]
+    if prompt:
+        rows.append(
+            (
+                "max_prompt_length",
+                prompt,
+                "counts the image tokens; a prompt cut through an image is refused, so leave room for your images",
+            )
+        )
     return rows
 
 
