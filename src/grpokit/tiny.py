@@ -160,7 +160,7 @@ def save_tiny(path, **model_kwargs):
 
 # ---------------------------------------------------------------------------------------------------- vision-language
 
-VLM_FAMILIES = ("llava", "idefics3", "gemma3")
+VLM_FAMILIES = ("llava", "llava_next", "idefics3", "gemma3")
 
 
 def _vlm_template(image_text: str) -> str:
@@ -226,6 +226,37 @@ def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32, nu
             vision_feature_select_strategy="default",
         )
         model_cls = LlavaForConditionalGeneration
+    elif family == "llava_next":
+        from transformers import (
+            CLIPVisionConfig,
+            LlavaNextConfig,
+            LlavaNextForConditionalGeneration,
+            LlavaNextProcessor,
+            Qwen2Config,
+        )
+        from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+        add_tokens(["<image>"])
+        pinpoints = [[28, 56], [56, 28], [56, 56]]  # an image becomes its base tile plus up to 2x2 tiles of 28
+        image_processor = LlavaNextImageProcessorPil(
+            size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, image_grid_pinpoints=pinpoints
+        )
+        processor = LlavaNextProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=14,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=_vlm_template("<image>"),
+        )
+        config = LlavaNextConfig(
+            vision_config=CLIPVisionConfig(**vision, image_size=28, patch_size=14),
+            text_config=Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, **text),
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+            vision_feature_select_strategy="default",
+            image_grid_pinpoints=pinpoints,
+        )
+        model_cls = LlavaNextForConditionalGeneration
     elif family == "idefics3":
         from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil

@@ -13,7 +13,7 @@ any subset of rows back into the batch layout the model's forward expects:
   5-D: Idefics3/SmolVLM): padded with zero images to the rows' largest image count and stacked (such models skip
   all-zero images);
 - everything else (`pixel_values` of one entry per image or patch, `image_grid_thw`, `image_sizes`, ...): indexed
-  by image or patch, concatenated in row order.
+  by image or patch, concatenated in row order (LLaVA-NeXT's patches per image zero-padded to the most).
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ class VisionRows:
             elif kind == PER_PROMPT:
                 inputs[key] = _stack_padded(values)
             else:
-                inputs[key] = torch.cat([v for v in values if v is not None])
+                inputs[key] = _cat_padded([v for v in values if v is not None])
         if device is not None:
             inputs = {k: v.to(device) for k, v in inputs.items()}
         return inputs
@@ -407,6 +407,21 @@ def _per_token(value: Tensor | None, prompt_width: int, completion_length: int, 
         return like.new_zeros(prompt_width + completion_length)
     left = prompt_width - value.size(0)
     return torch.cat([value.new_zeros(left), value, value.new_zeros(completion_length)])
+
+
+def _cat_padded(values: list[Tensor]) -> Tensor:
+    """Concatenate per-image tensors along dim 0, zero-padding their other dims to the largest (LLaVA-NeXT's
+    patches per image differ between prompts encoded apart; the model reads each image's own count from
+    `image_sizes` and skips the padding)."""
+    shape = [max(v.size(d) for v in values) for d in range(1, values[0].dim())]
+    padded = []
+    for value in values:
+        if list(value.shape[1:]) != shape:
+            out = value.new_zeros((value.size(0), *shape))
+            out[(slice(None), *(slice(0, n) for n in value.shape[1:]))] = value
+            value = out
+        padded.append(value)
+    return torch.cat(padded)
 
 
 def _stack_padded(values: list[Tensor | None]) -> Tensor:
