@@ -23,13 +23,7 @@ of which calls a tool.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +31,8 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch  # noqa: E402
+from _serve import free_port as _free_port  # noqa: E402
+from _serve import running_server  # noqa: E402
 from _threads import ThreadCollectives  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
@@ -46,7 +42,6 @@ from grpokit.generation import Generated  # noqa: E402
 from grpokit.tiny import build_model, build_tool_tokenizer  # noqa: E402
 
 TOKEN = "agents-token-91c2"
-START_TIMEOUT_S = 420
 MAX_COMPLETION = 96  # the scripted call is 49 tokens, the tool turn 6
 ROWS = 4  # per generation round: 2 prompts x num_generations 2
 RESULT = "VAL"
@@ -65,12 +60,6 @@ def lookup(key: str) -> str:
 
 
 CALLS: list[str] = []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -164,53 +153,9 @@ def token():
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory, token):
     """`grpokit vllm-serve` of the tool policy on a free port; the whole process group stopped at the end."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "vllm.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "grpokit", "vllm-serve", model_dir, "--port", str(port)]
-    cmd += ["--max-model-len", "512", "--dtype", "float32"]
-    start = time.monotonic()
-    log = open(log_path, "w")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"grpokit vllm-serve exited with {proc.returncode}:\n{_tail(log_path)}")
-            if time.monotonic() - start > START_TIMEOUT_S:
-                pytest.fail(f"grpokit vllm-serve not healthy after {START_TIMEOUT_S}s:\n{_tail(log_path)}")
-            try:
-                health = urllib.request.Request(
-                    f"http://127.0.0.1:{port}/health", headers={"Authorization": f"Bearer {token}"}
-                )
-                with urllib.request.urlopen(health, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(1)
-        print(f"\nvllm-serve healthy after {time.monotonic() - start:.1f}s")
-        yield port
-    finally:
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left (engine core)
-        proc.wait(timeout=30)
-        log.close()
-
-
-def _signal_group(pid: int, sig) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path, n=40) -> str:
-    return "\n".join(open(path).read().splitlines()[-n:])
+    with running_server(model_dir, log_path, token=token, max_model_len=512) as running:
+        yield running.port
 
 
 class ScriptedFirstTurn:
