@@ -9,13 +9,13 @@ Light on purpose: nothing here imports torch or transformers at import time.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import os
 import shlex
 from types import SimpleNamespace
 
 from grpokit.config.redaction import env_placeholder, field_placeholder, is_secret_env, shown_value
+from grpokit.config.resolver import plain
 
 PYTHON = "python"  # the source of a value given to GRPOConfig(...) in Python
 # Computed from the other batch fields unless given (GRPOConfig.__post_init__).
@@ -63,19 +63,6 @@ def env_of(resolution) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- Python runs
-
-
-def plain(value):
-    """A JSON/YAML-friendly form of a config value (enums by value, dataclasses as mappings)."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return value
 
 
 def python_resolution(args) -> SimpleNamespace:
