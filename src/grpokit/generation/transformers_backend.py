@@ -69,20 +69,21 @@ class TransformersGenerator:
         with self._context() as model:
             device = self.device if self.device is not None else model.device
             inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-            if vision is not None:
+            if vision is None:
+                output = self._generate(model, inputs)
+            else:  # image inputs: plain `generate` (the shared-prefix loop prefills text only)
                 inputs.update(vision.model_inputs(input_ids.size(1), device=device))
-            output = self._generate(model, inputs, shared_prefix=vision is None)
+                output = model.generate(**inputs, generation_config=self.generation_config)
         completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
         return Generated([cut_after_eos(ids, self.eos_token_ids) for ids in completions])
 
     def sync_weights(self, model) -> None:
         """Nothing to push: `generate` runs the live policy."""
 
-    def _generate(self, model, inputs: dict[str, Tensor], shared_prefix: bool = True) -> Tensor:
+    def _generate(self, model, inputs: dict[str, Tensor]) -> Tensor:
         # With sharded parameters (ZeRO-3 through its hooks, FSDP2) every forward call gathers weights with the other
         # ranks: plain `generate` keeps them in step (synced_gpus), where grpokit's loop would let finished ranks stop.
-        # Image inputs go through plain `generate` too: the shared-prefix loop prefills text only.
-        if self.share_prefix and shared_prefix and _standard_causal_lm(model) and not is_sharded(model):
+        if self.share_prefix and _standard_causal_lm(model) and not is_sharded(model):
             from .decoding import Unsupported, shared_prefix_decoding
 
             try:
