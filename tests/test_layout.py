@@ -209,7 +209,7 @@ MAY_IMPORT = {
         "grpokit.vision",
     },
     "grpokit.agents": {"grpokit.generation", "grpokit.dist"},
-    "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch"},
+    "grpokit.checkpoints": {"grpokit.config", "grpokit.models", "grpokit.launch", "grpokit.vision"},
     "grpokit.metrics": {"grpokit.algorithms", "grpokit.dist"},
     "grpokit.rollout": {
         "grpokit.generation",

@@ -646,7 +646,7 @@ def save_round_state(trainer, folder: str) -> None:
     state = {
         "step": trainer._step,
         "global_step": trainer.state.global_step,
-        "buffered_inputs": trainer._buffered_inputs if inside_round else None,
+        "buffered_inputs": _storable(trainer._buffered_inputs) if inside_round else None,
         # python values as JSON text, so that the file loads with torch.load(weights_only=True)
         "logged": json.dumps(
             {
@@ -659,6 +659,34 @@ def save_round_state(trainer, folder: str) -> None:
     }
     os.makedirs(folder, exist_ok=True)  # a process can get here before the main one made the folder
     torch.save(state, os.path.join(folder, ROUND_STATE_FILE.format(rank=args.process_index)))
+
+
+def _storable(batches: list[dict] | None) -> list[dict] | None:
+    """Micro-batches as `torch.load(weights_only=True)` reads them back: a vision-language model's `vision` entry
+    (`grpokit.vision.VisionRows`) becomes its rows' lists of `[kind, tensor]` (the images kept for generation engines
+    are not needed to train on the round)."""
+    if batches is None:
+        return None
+    return [
+        {**batch, "vision": [{k: [kind, t] for k, (kind, t) in row.items()} for row in batch["vision"].rows]}
+        if batch.get("vision") is not None
+        else batch
+        for batch in batches
+    ]
+
+
+def _restored(batches: list[dict] | None) -> list[dict] | None:
+    """`_storable`'s inverse."""
+    if batches is None:
+        return None
+    from .vision import VisionRows
+
+    return [
+        {**batch, "vision": VisionRows([{k: (kind, t) for k, (kind, t) in row.items()} for row in batch["vision"]])}
+        if isinstance(batch.get("vision"), list)
+        else batch
+        for batch in batches
+    ]
 
 
 def load_round_state(trainer, checkpoint: str) -> None:
@@ -692,7 +720,7 @@ def load_round_state(trainer, checkpoint: str) -> None:
                 args.process_index,
             )
         return
-    trainer._step, trainer._buffered_inputs = state["step"], buffered
+    trainer._step, trainer._buffered_inputs = state["step"], _restored(buffered)
     logged = json.loads(state["logged"])
     trainer._metrics["train"] = defaultdict(list, logged["metrics"])
     trainer._step_time = logged["step_time"]

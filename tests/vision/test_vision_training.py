@@ -270,3 +270,30 @@ def test_logged_completions_carry_their_images(log_multimodal, tmp_path, capsys)
     for record in records:
         by_prompt.setdefault(json.dumps(record["prompt"]), []).append(record["images"])
     assert all(a == b for a, b in by_prompt.values()) and len(by_prompt) == 2
+
+
+def test_a_vision_run_resumes_inside_a_round_exactly(tmp_path):
+    """A checkpoint between the two micro-batches of a round keeps the second one, images included (read back with
+    torch.load(weights_only=True)); resuming from it ends with the weights of the run that was not interrupted."""
+    import warnings
+
+    def run(output_dir, max_steps, resume=None):
+        model, processor = build_vlm("idefics3")
+        args = config(
+            output_dir, max_steps=max_steps, steps_per_generation=2, per_device_train_batch_size=2, save_steps=1
+        )
+        args.save_strategy = "steps"
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=length_reward, args=args, train_dataset=image_rows(), processing_class=processor
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    whole = run(tmp_path / "whole", 2)
+    run(tmp_path / "cut", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        resumed = run(tmp_path / "cut", 2, resume=str(tmp_path / "cut" / "checkpoint-1"))
+    assert resumed.state.global_step == 2
+    for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
