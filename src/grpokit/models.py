@@ -338,6 +338,13 @@ def build_models(model, processing_class, peft_config, args) -> TrainerModels:
         if m is not None and args.cast_lm_head_to_fp32:
             cast_lm_head_to_fp32(m)
     coef, enabled = router_aux_loss(model, args.router_aux_loss_coef)
+    from .vision import is_vision_model
+
+    reentrant = (args.gradient_checkpointing_kwargs or {}).get("use_reentrant")
+    if is_vision_model(model) and args.ddp_find_unused_parameters is None and not reentrant:
+        # A batch without images leaves the vision tower without gradients: DDP must look for unused parameters, as
+        # TRL sets it (reentrant activation checkpointing cannot, so it is left alone there).
+        args.ddp_find_unused_parameters = True
     return TrainerModels(model, tokenizer, reference, model_path, eos_ids, coef, enabled)
 
 

@@ -297,3 +297,31 @@ def test_a_vision_run_resumes_inside_a_round_exactly(tmp_path):
     assert resumed.state.global_step == 2
     for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_ddp_looks_for_unused_parameters_of_a_vision_model(tmp_path):
+    """A batch without images leaves the vision tower without gradients, which DDP refuses unless it looks for
+    unused parameters (TRL sets the same); a text model, or a value the user set, is left as it is."""
+    model, processor = build_vlm("llava")
+    args = config(tmp_path)
+    GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=image_rows(), processing_class=processor
+    )
+    assert args.ddp_find_unused_parameters is True
+    model, processor = build_vlm("llava")
+    args = config(tmp_path, ddp_find_unused_parameters=False)
+    GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=image_rows(), processing_class=processor
+    )
+    assert args.ddp_find_unused_parameters is False
+    tokenizer = build_tokenizer()
+    args = config(tmp_path)
+    text = datasets.Dataset.from_dict({"prompt": ["ab", "cd"]})
+    GRPOTrainer(
+        model=build_model(tokenizer),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=text,
+        processing_class=tokenizer,
+    )
+    assert args.ddp_find_unused_parameters is None
