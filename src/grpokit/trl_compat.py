@@ -197,6 +197,13 @@ class TRLCompatMixin:
     def _check_agent_tokenizer(self) -> None:
         """The tokenizer must render tools and tool turns, and its turns must be parseable for calls."""
         if self.agent is not None:
+            from .vision import is_processor
+
+            if is_processor(self.processing_class):
+                raise ValueError(
+                    "tools / environment_factory with a vision-language model's processor are not supported yet; "
+                    "train the agent with a text model, or the vision model without tools"
+                )
             try:
                 self.agent.check_tokenizer(self.processing_class, self.args.chat_template_kwargs, self._model_path)
             except TemplateError as exc:

@@ -325,3 +325,24 @@ def test_ddp_looks_for_unused_parameters_of_a_vision_model(tmp_path):
         processing_class=tokenizer,
     )
     assert args.ddp_find_unused_parameters is None
+
+
+def test_tools_with_a_vision_processor_are_refused_in_one_line(tmp_path):
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        return key
+
+    model, processor = build_vlm("llava")
+    with pytest.raises(ValueError, match=r"^tools / environment_factory with a vision-language model's processor"):
+        GRPOTrainer(
+            model=model,
+            reward_funcs=length_reward,
+            args=config(tmp_path),
+            train_dataset=image_rows(),
+            processing_class=processor,
+            tools=[lookup],
+        )
