@@ -82,9 +82,10 @@ def has_image_column(row: dict) -> bool:
     return any(row.get(column) is not None for column in IMAGE_COLUMNS)
 
 
-def row_images(row: dict, index: int, split: str = "train") -> list | None:
+def row_images(row: dict, index: int, split: str = "train", *, decode: bool = True) -> list | None:
     """The images of one dataset row as PIL images (`images`: a list, `image`: one), or None when it has none. A file
-    path is opened; anything that is not an image is a `VisionError` naming the row."""
+    path is opened; anything that is not an image is a `VisionError` naming the row. With `decode=False` the values
+    are only checked (files exist, bytes present), not decoded."""
     column = next((c for c in IMAGE_COLUMNS if c in row), None)
     if column is None or row[column] is None:
         return None
@@ -93,17 +94,21 @@ def row_images(row: dict, index: int, split: str = "train") -> list | None:
         raise VisionError(
             f"{split} row {index}: column 'images' holds {type(values).__name__}; expected a list of images"
         )
-    return [as_image(value, f"{split} row {index}: column {column!r}") for value in values] or None
+    where = f"{split} row {index}: column {column!r}"
+    return [as_image(value, where, decode=decode) for value in values] or None
 
 
-def as_image(value, where: str):
-    """A PIL image from a PIL image, a file path, or a `datasets` Image value (`{"bytes", "path"}`)."""
+def as_image(value, where: str, *, decode: bool = True):
+    """A PIL image from a PIL image, a file path, or a `datasets` Image value (`{"bytes", "path"}`); with
+    `decode=False` the value itself once checked (a file that exists, bytes that are there)."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
         if value.get("bytes"):
+            if not decode:
+                return value
             import io
 
             return _open(lambda: Image.open(io.BytesIO(value["bytes"])), where, "its bytes", UnidentifiedImageError)
@@ -112,6 +117,8 @@ def as_image(value, where: str):
         path = os.fspath(value)
         if not os.path.isfile(path):
             raise VisionError(f"{where}: image file {path!r} not found")
+        if not decode:
+            return value
         return _open(lambda: Image.open(path), where, repr(path), UnidentifiedImageError)
     raise VisionError(
         f"{where} holds {type(value).__name__}, not an image; give a PIL image, a file path or a datasets Image"
@@ -212,16 +219,32 @@ def without_images(prompt):
 
 
 def check_image_rows(dataset, split: str = "train") -> None:
-    """Before any model loads: every row's images open, and a row with images has a conversational prompt with no
-    more image placeholders than images (`VisionError` naming the first bad row). Streaming datasets are checked as
-    their rows arrive."""
+    """Before any model loads: every row's images are images (a file that exists, a datasets Image, a PIL image),
+    and a row with images has a conversational prompt with no more image placeholders than images (`VisionError`
+    naming the first bad row). Images are not decoded here (a datasets Image column is read undecoded): a file
+    that exists but does not decode is named when its row is first used. Streaming datasets are checked as their
+    rows arrive."""
     names = getattr(dataset, "column_names", None) or []
-    if not any(c in names for c in IMAGE_COLUMNS) or not hasattr(dataset, "__len__"):
+    column = next((c for c in IMAGE_COLUMNS if c in names), None)
+    if column is None or not hasattr(dataset, "__len__"):
         return
-    for index, row in enumerate(dataset):
-        images = row_images(row, index, split)
+    for index, row in enumerate(_undecoded_rows(dataset, column)):
+        images = row_images(row, index, split, decode=False)
         if images:
             attach_images(row["prompt"], images, index, split)
+
+
+def _undecoded_rows(dataset, column: str):
+    """The rows' `prompt` and image column, a datasets Image read as `{"bytes", "path"}` (not decoded): through
+    Arrow batches for a `datasets.Dataset` (its row order, indices included), row by row otherwise."""
+    if not hasattr(dataset, "with_format"):
+        yield from ({"prompt": row.get("prompt"), column: row.get(column)} for row in dataset)
+        return
+    table = dataset.select_columns([c for c in ("prompt", column) if c in dataset.column_names])
+    for batch in table.with_format("arrow").iter(batch_size=1024):
+        prompts = batch.column("prompt").to_pylist() if "prompt" in batch.column_names else [None] * batch.num_rows
+        for prompt, images in zip(prompts, batch.column(column).to_pylist(), strict=True):
+            yield {"prompt": prompt, column: images}
 
 
 def refuse_images_without_processor(dataset, processing_class, split: str = "train") -> None:

@@ -346,3 +346,34 @@ def test_tools_with_a_vision_processor_are_refused_in_one_line(tmp_path):
             processing_class=processor,
             tools=[lookup],
         )
+
+
+def test_the_check_before_loading_decodes_no_image(tmp_path, monkeypatch):
+    """Checking every row before the model loads reads a datasets Image column undecoded (a large image set would
+    otherwise be decoded once just to be checked); a file that exists but does not decode is named at first use."""
+    import PIL.Image
+
+    dataset = image_rows(6)
+    opened = []
+    real_open = PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    model, processor = build_vlm("llava")
+    GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=config(tmp_path),
+        train_dataset=dataset,
+        processing_class=processor,
+    )
+    assert opened == []
+    (tmp_path / "bad.png").write_text("not a png")
+    rows = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": "a"}], "image": str(tmp_path / "bad.png")}]
+    )
+    model, processor = build_vlm("llava")
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=length_reward, args=config(tmp_path, per_device_train_batch_size=2),
+        train_dataset=rows, processing_class=processor,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^batch row 0: column 'image': '.*bad.png' is not a readable image"):
+        trainer.train()

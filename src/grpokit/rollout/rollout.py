@@ -197,7 +197,7 @@ def produce_rollout(
     """
     processor, tokenizer = tokenizer, vision.tokenizer_of(tokenizer)
     prompts = [
-        vision.attach_images(row["prompt"], vision.row_images(row, i), i)
+        vision.attach_images(row["prompt"], vision.row_images(row, i, "batch"), i, "batch")
         if vision.has_image_column(row)
         else row["prompt"]
         for i, row in enumerate(rows)
