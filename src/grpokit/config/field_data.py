@@ -1223,8 +1223,8 @@ TABLE = {'fields': [{'name': 'output_dir',
             {'name': 'dynamic_sampling_min_reward_std',
              'type': ['float'],
              'help': 'Dynamic sampling: a group whose reward std (of the weighted reward sum) is at most this is '
-                     'dropped; 0 drops only groups with all-equal rewards. Groups with fewer than two scorable '
-                     'completions are always dropped. grpokit extension.',
+                     'dropped; 0 drops only groups with all-equal rewards (std <= 1e-6, float rounding). Groups with '
+                     'fewer than two scorable completions are always dropped. grpokit extension.',
              'owner': 'GRPOConfig',
              'init': True,
              'default': 0.0},

@@ -397,7 +397,7 @@ class GRPOConfig(TrainingArguments):
         default=0.0,
         metadata={
             "help": "Dynamic sampling: a group whose reward std (of the weighted reward sum) is at most this is "
-            "dropped; 0 drops only groups with all-equal rewards. Groups with fewer than two scorable completions "
+            "dropped; 0 drops only groups with all-equal rewards (std <= 1e-6, float rounding). Groups with fewer than two scorable completions "
             "are always dropped. grpokit extension."
         },
     )

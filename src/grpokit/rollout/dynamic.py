@@ -41,6 +41,7 @@ from .rollout import ROW_FIELDS, Rollout, RolloutSettings
 logger = logging.getLogger(__name__)
 
 PREFIX = "dynamic_sampling/"
+EQUAL_STD = 1e-6  # a group reward std at most this is float rounding of equal rewards
 
 
 # ---------------------------------------------------------------------------------------------------- pure functions
@@ -56,16 +57,15 @@ def group_spread(rewards: Tensor, num_generations: int, reward_weights: Sequence
 def kept_groups(
     rewards: Tensor, num_generations: int, min_reward_std: float, reward_weights: Sequence[float] | None = None
 ) -> Tensor:
-    """Bool `(N / num_generations,)`: True for a group whose reward std is above `min_reward_std` (and not close to 0,
-    so that 0 drops exactly the groups with all-equal rewards despite rounding); NaN std (fewer than two scorable
-    completions) is dropped.
+    """Bool `(N / num_generations,)`: True for a group whose reward std is above `min_reward_std` and above
+    `EQUAL_STD` (so that 0 drops the groups with all-equal rewards despite float rounding, e.g. 0.1 + 0.9 against
+    0.7 + 0.3 in float32); NaN std (fewer than two scorable completions) is dropped.
 
     >>> kept_groups(torch.tensor([[1.0], [1.0], [0.0], [1.0]]), 2, 0.0).tolist()
     [False, True]
     """
     std = group_spread(rewards, num_generations, reward_weights)
-    zero = torch.isclose(std, torch.zeros_like(std))
-    return ~torch.isnan(std) & ~zero & (std > min_reward_std)
+    return ~torch.isnan(std) & (std > max(min_reward_std, EQUAL_STD))
 
 
 def choose_groups(kept_per_round: list[list[bool]], needed: int) -> tuple[list[tuple[int, int]], int]:
