@@ -1,16 +1,19 @@
 """Dynamic sampling against the plain run on the built-in demo task (a tiny random-init model learns to repeat the
 digit of prompts like `7=`; reward = fraction of its 4 answer characters equal to the digit).
 
-    python benchmarks/bench_dynamic_sampling.py [--steps 150] [--seeds 0]
+    python benchmarks/bench_dynamic_sampling.py [--steps 100] [--seeds 0]
 
-Both runs use the demo's settings (groups of 8, 32 completions per optimizer step, 4-token completions, lr 3e-3
-constant, loss dapo, fp32 CPU, 2 torch threads), the same seed and the same number of optimizer steps; the dynamic
-run adds `dynamic_sampling: true` (defaults: only groups with all-equal rewards dropped, at most 10 extra rounds).
+Three runs per seed, with the demo's settings (groups of 8, 32 completions per optimizer step, 4-token completions,
+lr 3e-3 constant, loss dapo, fp32 CPU, 2 torch threads) and the same seed: `plain` and `dynamic_sampling` (defaults:
+only groups with all-equal rewards dropped, at most 10 extra rounds) for `--steps` optimizer steps, then
+`plain_same_generation`: the plain run given as many optimizer steps as the dynamic run generated rounds, i.e. the
+same number of generated completions.
+
 Printed per run: completions and completion tokens generated (every round, dropped groups included), the mean reward
 over everything generated, reward per generated completion token (sum of all rewards / tokens generated), the mean
-reward of the last 20% of the optimizer steps' rounds, and a final greedy-free evaluation: the mean reward of 8
-sampled completions on each of the 10 digits with the final weights. Wall time is printed too, not judged: it
-depends on what else runs on the machine.
+reward of the last 20% of the rounds scored, and the final reward: the mean reward of 8 sampled completions
+(temperature 1) on each of the 10 digits with the final weights. `rounds` is generation rounds per optimizer step.
+Wall time is printed too, not judged: it depends on what else runs on the machine.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import tempfile
 import time
 
 
-def run(workdir: str, *, dynamic: bool, steps: int, seed: int) -> dict:
+def run(workdir: str, *, dynamic: bool, steps: int, seed: int, name: str) -> dict:
     import torch
     from datasets import Dataset
 
@@ -45,7 +48,7 @@ def run(workdir: str, *, dynamic: bool, steps: int, seed: int) -> dict:
 
     reward.__name__ = "copy_digit_reward"
     args = GRPOConfig(
-        output_dir=os.path.join(workdir, "dynamic" if dynamic else "plain"),
+        output_dir=os.path.join(workdir, name),
         num_generations=8,
         per_device_train_batch_size=32,
         max_completion_length=4,
@@ -69,8 +72,6 @@ def run(workdir: str, *, dynamic: bool, steps: int, seed: int) -> dict:
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    rounds = [row.get("dynamic_sampling/rounds") for row in trainer.state.log_history]
-    rounds = [r for r in rounds if r is not None]
 
     # final: 8 sampled completions for each digit, with the trained weights
     prompts = [f"{d}=" for d in range(10) for _ in range(8)]
@@ -81,7 +82,7 @@ def run(workdir: str, *, dynamic: bool, steps: int, seed: int) -> dict:
     final = sum(copy_digit_reward(prompts, texts)) / len(prompts)
     tail = generated["per_step"][-max(1, len(generated["per_step"]) // 5) :]
     return {
-        "run": "dynamic_sampling" if dynamic else "plain",
+        "run": name,
         "optimizer_steps": steps,
         "completions_generated": generated["completions"],
         "completion_tokens_generated": generated["tokens"],
@@ -89,34 +90,40 @@ def run(workdir: str, *, dynamic: bool, steps: int, seed: int) -> dict:
         "reward_per_generated_token": generated["reward"] / max(1, generated["tokens"]),
         "mean_reward_last_20pct_rounds": sum(tail) / len(tail),
         "final_reward": final,
-        "mean_rounds_per_step": (sum(rounds) / len(rounds)) if rounds else 1.0,
+        "mean_rounds_per_step": generated["completions"] / (steps * 32),
         "seconds": round(seconds, 1),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     options = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         for seed in options.seeds:
-            for dynamic in (False, True):
-                result = run(workdir, dynamic=dynamic, steps=options.steps, seed=seed)
+            plans = [("plain", False, options.steps), ("dynamic_sampling", True, options.steps)]
+            for name, dynamic, steps in plans:
+                result = run(workdir, dynamic=dynamic, steps=steps, seed=seed, name=name)
                 result["seed"] = seed
                 results.append(result)
                 print(json.dumps(result), flush=True)
+            matched = results[-1]["completions_generated"] // 32  # the dynamic run's generation rounds
+            result = run(workdir, dynamic=False, steps=matched, seed=seed, name="plain_same_generation")
+            result["seed"] = seed
+            results.append(result)
+            print(json.dumps(result), flush=True)
     print()
     header = (
-        f"{'run':<18}{'seed':>5}{'steps':>7}{'completions':>13}{'tokens':>9}{'reward/token':>14}"
+        f"{'run':<23}{'seed':>5}{'steps':>7}{'completions':>13}{'tokens':>9}{'reward/token':>14}"
         f"{'mean reward':>13}{'last 20%':>10}{'final':>8}{'rounds':>8}{'s':>8}"
     )
     print(header)
     for r in results:
         print(
-            f"{r['run']:<18}{r['seed']:>5}{r['optimizer_steps']:>7}{r['completions_generated']:>13}"
+            f"{r['run']:<23}{r['seed']:>5}{r['optimizer_steps']:>7}{r['completions_generated']:>13}"
             f"{r['completion_tokens_generated']:>9}{r['reward_per_generated_token']:>14.4f}"
             f"{r['mean_reward_generated']:>13.3f}{r['mean_reward_last_20pct_rounds']:>10.3f}{r['final_reward']:>8.3f}"
             f"{r['mean_rounds_per_step']:>8.2f}{r['seconds']:>8.1f}"
