@@ -260,3 +260,17 @@ def test_processes_agree_on_the_number_of_rounds():
     c = 1.0 / (math.sqrt(2.0) + EPS)
     assert results[0][1].advantages.tolist() == pytest.approx([-a, a, -a, a], rel=1e-5)
     assert results[1][1].advantages.tolist() == pytest.approx([-a, a, -c, c], rel=1e-5)
+
+
+def test_assembly_keeps_each_rows_vision_inputs():
+    from grpokit.vision import VisionRows
+
+    first = rollout([1.0, 1.0, 0.0, 1.0], prompt_width=2, completion_width=3, tag=10)
+    second = rollout([0.0, 1.0, 2.0, 2.0], prompt_width=2, completion_width=3, tag=20)
+    first.vision = VisionRows([{"pixel_values": ("image", torch.full((1,), float(i)))} for i in range(4)])
+    second.vision = VisionRows([{} for _ in range(4)], engine_prompts=[f"e{i}" for i in range(4)])
+    ds, generate, _ = sampler([second])
+    out = ds.fill(first, generate)
+    # first's group 1 (rows 2, 3: images 2.0 and 3.0), then second's group 0 (rows 0, 1: text only)
+    assert [row["pixel_values"][1].item() if row else None for row in out.vision.rows] == [2.0, 3.0, None, None]
+    assert out.vision.engine_prompts == [None, None, "e0", "e1"]

@@ -72,17 +72,6 @@ def test_every_batch_holds_only_groups_that_differ(tiny_model, tiny_tokenizer, d
     assert any(row["dynamic_sampling/rounds"] > 1 for row in rows)  # the test did exercise the refill
 
 
-def test_without_dynamic_sampling_the_same_reward_trains_on_zero_advantages(
-    tiny_model, tiny_tokenizer, dataset, make_args, monkeypatch
-):
-    reward, _ = prompt_reward_recorder()
-    batches = spy_on_batches(monkeypatch, tiny_tokenizer)
-    args = make_args(max_steps=3)
-    GRPOTrainer(tiny_model, reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer).train()
-    assert any(adv == 0.0 for _, advantages in batches for adv in advantages)
-    assert "dynamic_sampling/rounds" not in str(batches)
-
-
 def test_cap_fills_with_dropped_groups_and_warns(tiny_model, tiny_tokenizer, dataset, make_args, monkeypatch, caplog):
     batches = spy_on_batches(monkeypatch, tiny_tokenizer)
 
