@@ -1,7 +1,7 @@
 """Dynamic sampling against the plain run on the built-in demo task (a tiny random-init model learns to repeat the
 digit of prompts like `7=`; reward = fraction of its 4 answer characters equal to the digit).
 
-    python benchmarks/bench_dynamic_sampling.py [--steps 100] [--seeds 0]
+    python benchmarks/bench_dynamic_sampling.py [--steps 100] [--seeds 0 1 2 3]
 
 Three runs per seed, with the demo's settings (groups of 8, 32 completions per optimizer step, 4-token completions,
 lr 3e-3 constant, loss dapo, fp32 CPU, 2 torch threads) and the same seed: `plain` and `dynamic_sampling` (defaults:
@@ -13,7 +13,8 @@ Printed per run: completions and completion tokens generated (every round, dropp
 over everything generated, reward per generated completion token (sum of all rewards / tokens generated), the mean
 reward of the last 20% of the rounds scored, and the final reward: the mean reward of 8 sampled completions
 (temperature 1) on each of the 10 digits with the final weights. `rounds` is generation rounds per optimizer step.
-Wall time is printed too, not judged: it depends on what else runs on the machine.
+Wall time is printed too, not judged: it depends on what else runs on the machine. With several seeds, a last block
+gives each run's mean over the seeds.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def run(workdir: str, *, dynamic: bool, steps: int, seed: int, name: str) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     options = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = []
@@ -123,11 +124,22 @@ def main() -> None:
     print(header)
     for r in results:
         print(
-            f"{r['run']:<23}{r['seed']:>5}{r['optimizer_steps']:>7}{r['completions_generated']:>13}"
+            f"{r['run']:<23}{str(r['seed']):>5}{r['optimizer_steps']:>7}{r['completions_generated']:>13}"
             f"{r['completion_tokens_generated']:>9}{r['reward_per_generated_token']:>14.4f}"
             f"{r['mean_reward_generated']:>13.3f}{r['mean_reward_last_20pct_rounds']:>10.3f}{r['final_reward']:>8.3f}"
             f"{r['mean_rounds_per_step']:>8.2f}{r['seconds']:>8.1f}"
         )
+    if len(options.seeds) > 1:
+        print()
+        for name in dict.fromkeys(r["run"] for r in results):
+            mine = [r for r in results if r["run"] == name]
+            mean = {k: sum(r[k] for r in mine) / len(mine) for k in mine[0] if k not in ("run", "seed")}
+            print(
+                f"{name:<23}{'mean':>5}{mean['optimizer_steps']:>7.0f}{mean['completions_generated']:>13.0f}"
+                f"{mean['completion_tokens_generated']:>9.0f}{mean['reward_per_generated_token']:>14.4f}"
+                f"{mean['mean_reward_generated']:>13.3f}{mean['mean_reward_last_20pct_rounds']:>10.3f}"
+                f"{mean['final_reward']:>8.3f}{mean['mean_rounds_per_step']:>8.2f}{mean['seconds']:>8.1f}"
+            )
 
 
 if __name__ == "__main__":
