@@ -518,7 +518,7 @@ def _geometry(values: dict[str, Any], num_processes: int, explain=True) -> tuple
             if explain
             else Problem("num_generations", "does not divide the generation batch")
         )
-    if values.get("dynamic_sampling") and (gen_batch // num_processes) % num_gen != 0:
+    elif values.get("dynamic_sampling") and (gen_batch // num_processes) % num_gen != 0:
         problems.append(
             Problem(
                 "dynamic_sampling",
@@ -526,7 +526,8 @@ def _geometry(values: dict[str, Any], num_processes: int, explain=True) -> tuple
                 f"(per_device_train_batch_size x steps_per_generation) must be divisible by num_generations = "
                 f"{num_gen}, since each process keeps or drops its own groups",
                 True,
-                f"make per_device_train_batch_size x steps_per_generation a multiple of {num_gen}",
+                f"make per_device_train_batch_size x steps_per_generation a multiple of {num_gen}, or set "
+                "dynamic_sampling: false",
             )
         )
     derived = {"steps_per_generation": steps, "generation_batch_size": gen_batch}
