@@ -647,6 +647,8 @@ def save_round_state(trainer, folder: str) -> None:
         "step": trainer._step,
         "global_step": trainer.state.global_step,
         "buffered_inputs": _storable(trainer._buffered_inputs) if inside_round else None,
+        # dynamic sampling's refill stream: how many chunks of extra prompts it has drawn (-1: off)
+        "refill_position": -1 if trainer._dynamic_sampling is None else trainer._dynamic_sampling.refill.position,
         # python values as JSON text, so that the file loads with torch.load(weights_only=True)
         "logged": json.dumps(
             {
@@ -721,6 +723,8 @@ def load_round_state(trainer, checkpoint: str) -> None:
             )
         return
     trainer._step, trainer._buffered_inputs = state["step"], _restored(buffered)
+    if trainer._dynamic_sampling is not None and state.get("refill_position", -1) >= 0:
+        trainer._dynamic_sampling.refill.position = int(state["refill_position"])
     logged = json.loads(state["logged"])
     trainer._metrics["train"] = defaultdict(list, logged["metrics"])
     trainer._step_time = logged["step_time"]

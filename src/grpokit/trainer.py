@@ -40,6 +40,7 @@ from .generation import build_generator
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .records import recorder as records
+from .rollout import dynamic
 from .rollout.report import CompletionLog
 from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
@@ -180,6 +181,17 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
+        self._dynamic_sampling = None  # DAPO's dynamic sampling: see grpokit.rollout.dynamic
+        if args.dynamic_sampling:
+            self._dynamic_sampling = dynamic.build(
+                args,
+                self.train_dataset,
+                self._rollout_settings("train"),
+                dist=self._dist,
+                pad_token_id=vision.tokenizer_of(self.processing_class).pad_token_id,
+                collate=self._get_collator_with_removed_columns(identity, "training"),  # the dataloader's columns
+                warn=warn,
+            )
         # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
         # hook could skip it: there the guard is off (save_model still refuses non-finite weights).
         self._nan_guard = None
@@ -276,7 +288,12 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         if not self.model.training:  # evaluation: one rollout per batch, no reuse
             return self._rollout(rows, "eval").micro_batches(1, shuffle=False)[0]
         if self._step % self.generate_every == 0 or self._buffered_inputs is None:  # None after resuming
-            self._buffered_inputs = self._rollout(rows, "train").micro_batches(self.args.steps_per_generation)
+            rollout = self._rollout(rows, "train")
+            if self._dynamic_sampling is not None:  # more rounds until only groups whose rewards differ fill it
+                rollout = self._dynamic_sampling.fill(
+                    rollout, lambda more: self._rollout(more, "train"), self._metrics
+                )
+            self._buffered_inputs = rollout.micro_batches(self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _rollout(self, rows, mode: str):

@@ -46,12 +46,17 @@ COMMON = dict(
 CONFIGS = {
     "steps_per_generation_2": dict(gradient_accumulation_steps=1, steps_per_generation=2, save_steps=1),
     "num_iterations_2": dict(gradient_accumulation_steps=2, steps_per_generation=2, num_iterations=2, save_steps=3),
+    # dynamic sampling: the rounds after the checkpoint draw their extra prompts where the refill stream stood
+    "dynamic_sampling": dict(
+        gradient_accumulation_steps=1, steps_per_generation=2, save_steps=1, dynamic_sampling=True
+    ),
 }
 # (config, kill point, checkpoint the resumed run starts from)
 CASES = {
     "right_after_checkpoint": ("steps_per_generation_2", {"at": "save", "step": 2}, 2),  # a round boundary
     "inside_round_steps_per_generation_2": ("steps_per_generation_2", {"at": "save", "step": 3}, 3),
     "between_checkpoints_inside_round_num_iterations_2": ("num_iterations_2", {"at": "step_end", "step": 5}, 3),
+    "dynamic_sampling_right_after_checkpoint": ("dynamic_sampling", {"at": "save", "step": 2}, 2),
 }
 
 

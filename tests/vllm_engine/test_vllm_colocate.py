@@ -147,6 +147,28 @@ def test_demo_trains_with_vllm_colocate(tmp_path):
         assert row["timing/vllm_weight_sync"] > 0
 
 
+def test_dynamic_sampling_with_vllm_colocate(tmp_path):
+    """Dynamic sampling generates its extra rounds through the same vLLM engine (weights pushed once per optimizer
+    step): every round trained on holds 4 groups, kept or (at the cap) filled, and each round's vLLM logprobs match
+    the trainer's (on-policy importance ratio 1 within 1e-4)."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    command = [sys.executable, "-m", "grpokit", "train", "--demo", "--use_vllm", "true", "--max_steps", "4"]
+    command += ["--logging_steps", "1", "--dynamic_sampling", "true", "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    rows = [r for r in rows if "reward" in r]
+    assert len(rows) == 4
+    # the demo's random policy: most groups of 8 score all 0, so extra rounds are needed
+    assert sum(r["dynamic_sampling/rounds"] for r in rows) > 4
+    for row in rows:
+        assert row["dynamic_sampling/groups_kept"] + row["dynamic_sampling/groups_filled"] == 4
+        assert abs(row["sampling/importance_sampling_ratio/min"] - 1) < 1e-4
+        assert abs(row["sampling/importance_sampling_ratio/max"] - 1) < 1e-4
+
+
 def test_unsupported_head_size_is_one_line_before_the_engine_starts(tmp_path):
     from grpokit.generation import GenerationError
 

@@ -102,6 +102,9 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "scale_rewards",
             "reward_timeout",
             "max_unscorable_rounds",
+            "dynamic_sampling",
+            "dynamic_sampling_min_reward_std",
+            "dynamic_sampling_max_rounds",
         ),
     ),
     (

@@ -1210,6 +1210,32 @@ TABLE = {'fields': [{'name': 'output_dir',
              'owner': 'GRPOConfig',
              'init': True,
              'default': None},
+            {'name': 'dynamic_sampling',
+             'type': ['bool'],
+             'help': "DAPO's dynamic sampling: after each training generation round is scored, drop the groups whose "
+                     'rewards do not differ (reward std <= dynamic_sampling_min_reward_std: zero advantage, no '
+                     'gradient) and generate more prompts from the train data until the round holds only groups that '
+                     'differ. Logged as dynamic_sampling/* (rounds, groups kept, dropped and filled, completions '
+                     'generated per kept one). Evaluation is never filtered. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': False},
+            {'name': 'dynamic_sampling_min_reward_std',
+             'type': ['float'],
+             'help': 'Dynamic sampling: a group whose reward std (of the weighted reward sum) is at most this is '
+                     'dropped; 0 drops only groups with all-equal rewards (std <= 1e-6, float rounding). Groups with '
+                     'fewer than two scorable completions are always dropped. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 0.0},
+            {'name': 'dynamic_sampling_max_rounds',
+             'type': ['int'],
+             'help': 'Dynamic sampling: at most this many extra generation rounds per training round; when they do '
+                     'not find enough groups that differ, a one-line warning, and the round is filled with dropped '
+                     'groups trained at advantage 0. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 10},
             {'name': 'loss_type',
              'type': ['literal', ['grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo', 'sapo', 'luspo', 'vespo']],
              'help': "Objective and normalisation: 'grpo' (mean per sequence), 'dr_grpo' (constant max length), "

@@ -382,6 +382,34 @@ class GRPOConfig(TrainingArguments):
         },
     )
 
+    # ---- grpokit: dynamic sampling (DAPO) ----
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO's dynamic sampling: after each training generation round is scored, drop the groups whose "
+            "rewards do not differ (reward std <= dynamic_sampling_min_reward_std: zero advantage, no gradient) and "
+            "generate more prompts from the train data until the round holds only groups that differ. Logged as "
+            "dynamic_sampling/* (rounds, groups kept, dropped and filled, completions generated per kept one). "
+            "Evaluation is never filtered. grpokit extension."
+        },
+    )
+    dynamic_sampling_min_reward_std: float = field(
+        default=0.0,
+        metadata={
+            "help": "Dynamic sampling: a group whose reward std (of the weighted reward sum) is at most this is "
+            "dropped; 0 drops only groups with all-equal rewards (std <= 1e-6, float rounding). Groups with fewer than two scorable completions "
+            "are always dropped. grpokit extension."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=10,
+        metadata={
+            "help": "Dynamic sampling: at most this many extra generation rounds per training round; when they do "
+            "not find enough groups that differ, a one-line warning, and the round is filled with dropped groups "
+            "trained at advantage 0. grpokit extension."
+        },
+    )
+
     # ---- Loss ----
     loss_type: LossType = field(
         default="dapo",

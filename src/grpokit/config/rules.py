@@ -98,6 +98,8 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "reward_timeout": (0, False, None, False),
     "tool_timeout": (0, False, None, False),
     "max_unscorable_rounds": (1, True, None, False),
+    "dynamic_sampling_min_reward_std": (0, True, None, False),
+    "dynamic_sampling_max_rounds": (1, True, None, False),
     # TrainingArguments
     "per_device_train_batch_size": (1, True, None, False),
     "per_device_eval_batch_size": (1, True, None, False),
@@ -281,10 +283,22 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
         problems.append(
             Problem("log_completions_hub_repo", "needs log_completions: true", get("log_completions_hub_repo"))
         )
+    problems += _dynamic_sampling_problems(values, defaults)
     problems += reference_problems(values)
     if get("load_in_8bit") and get("load_in_4bit"):
         problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
     return problems
+
+
+def _dynamic_sampling_problems(values: dict[str, Any], defaults: dict[str, Any]) -> list[Problem]:
+    """dynamic_sampling's settings mean nothing without it: set to another value than the default, they are refused."""
+    if values.get("dynamic_sampling"):
+        return []
+    return [
+        Problem(name, "has no effect without dynamic_sampling: true", values[name], "set dynamic_sampling: true")
+        for name in ("dynamic_sampling_min_reward_std", "dynamic_sampling_max_rounds")
+        if name in values and name in defaults and values[name] != defaults[name]
+    ]
 
 
 def reference_problems(values: dict[str, Any]) -> list[Problem]:
@@ -503,6 +517,18 @@ def _geometry(values: dict[str, Any], num_processes: int, explain=True) -> tuple
             _group_problem(values, gen_batch, num_gen, global_batch, num_processes)
             if explain
             else Problem("num_generations", "does not divide the generation batch")
+        )
+    elif values.get("dynamic_sampling") and (gen_batch // num_processes) % num_gen != 0:
+        problems.append(
+            Problem(
+                "dynamic_sampling",
+                f"needs whole groups on each process: the generation batch per process {gen_batch // num_processes} "
+                f"(per_device_train_batch_size x steps_per_generation) must be divisible by num_generations = "
+                f"{num_gen}, since each process keeps or drops its own groups",
+                True,
+                f"make per_device_train_batch_size x steps_per_generation a multiple of {num_gen}, or set "
+                "dynamic_sampling: false",
+            )
         )
     derived = {"steps_per_generation": steps, "generation_batch_size": gen_batch}
     eval_strategy = getattr(values.get("eval_strategy"), "value", values.get("eval_strategy"))  # enum or str
