@@ -221,6 +221,10 @@ def test_the_settings_reach_transformers(tiny_tokenizer, sharp_model, prompts):
     assert (config.page_size, config.max_batch_tokens) == (16, 64)
     # The cache holds the round: 2 rows of 5 prompt + 8 new tokens in pages of 16, one spare page each.
     assert config.num_blocks == 2 * (1 + 1)
+    generator = _build(tiny_tokenizer, sharp_model, use_transformers_continuous_batching=True)
+    # A batch holds the round's prompts: 40 prompts of 5 tokens (transformers' default is 8192 tokens).
+    assert generator._cb_config([prompts[0]] * 40, copies=2).max_batch_tokens == 200
+    assert generator._cb_config([prompts[0]], copies=2).max_batch_tokens == 64  # at least 64
     sized = _build(
         tiny_tokenizer,
         sharp_model,

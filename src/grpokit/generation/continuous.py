@@ -33,6 +33,8 @@ from ..sharding import is_sharded
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
 
+MAX_BATCH_TOKENS = 8192  # transformers' default
+
 # Processors transformers has not classified for continuous batching but that read only the scores: its warning
 # about them ("might not be supported") is dropped for these.
 _SCORES_ONLY_PROCESSORS = (
@@ -90,7 +92,8 @@ class ContinuousBatchingGenerator:
         eos_token_ids: every id that ends a completion.
         settings: `transformers_continuous_batching_config`, the keywords of transformers' `ContinuousBatchingConfig`.
             Unless it sets `num_blocks` or `max_memory_percent`, the KV cache is sized to hold the round's rows
-            (prompt + `max_new_tokens` each), instead of a share of the device's free memory (on CPU, of the RAM).
+            (prompt + `max_new_tokens` each), instead of a share of the device's free memory (on CPU, of the RAM);
+            unless it sets `max_batch_tokens`, a batch holds the round's prompts (at least 64 tokens, at most 8192).
     """
 
     def __init__(
@@ -177,6 +180,11 @@ class ContinuousBatchingGenerator:
             new = self.generation_config.max_new_tokens or 0
             # Every row at full length, each in whole pages, plus one page per row for the forks' partial pages.
             settings["num_blocks"] = sum(copies * (math.ceil((len(ids) + new) / page) + 1) for ids in inputs)
+        if settings.get("max_batch_tokens") is None:
+            # One batch prefills every prompt of the round, or holds a decode step of every row. transformers'
+            # default (8192 tokens) allocates its per-batch tensors and attention mask for that many tokens.
+            rows = len(inputs) * copies
+            settings["max_batch_tokens"] = min(MAX_BATCH_TOKENS, max(64, sum(map(len, inputs)), rows))
         return cls(**settings)
 
 
