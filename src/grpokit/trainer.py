@@ -228,6 +228,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             never_sample=vision.image_token_ids(self.processing_class, self.model)
             if vision.is_processor(self.processing_class)
             else (),
+            vision_model=vision.is_processor(self.processing_class),
         )
 
     def _unwrapped_for_generation(self):

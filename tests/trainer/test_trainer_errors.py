@@ -53,14 +53,12 @@ def test_use_vllm_without_vllm_names_the_install_command(make_args, dataset):
 
 
 def test_every_start_problem_is_listed_at_once(make_args, dataset):
-    args = make_args(use_transformers_continuous_batching=True, reward_weights=[1.0, 2.0])
+    args = make_args(log_completions=True, log_completions_hub_repo="me/completions", reward_weights=[1.0, 2.0])
     args.sync_ref_model = True  # GRPOConfig itself refuses this with beta=0; set afterwards to reach the trainer
     with pytest.raises(ValueError) as error:
         GRPOTrainer("/nonexistent/model", text_reward, args=args, train_dataset=dataset)
     message = str(error.value)
-    assert (
-        "use_transformers_continuous_batching=True: transformers continuous batching is not supported yet" in message
-    )
+    assert "log_completions_hub_repo='me/completions': uploading completions to the Hub is not supported" in message
     assert "reward_weights=[1.0, 2.0]: 2 weights for 1 reward functions" in message
     assert "sync_ref_model=True: needs a reference model, and beta=0 loads none" in message
 

@@ -348,6 +348,20 @@ def test_tools_with_a_vision_processor_are_refused_in_one_line(tmp_path):
         )
 
 
+def test_continuous_batching_with_a_vision_model_is_refused_in_one_line(tmp_path):
+    model, processor = build_vlm("llava")
+    with pytest.raises(
+        ValueError, match=r"^use_transformers_continuous_batching does not take a vision-language model"
+    ):
+        GRPOTrainer(
+            model=model,
+            reward_funcs=length_reward,
+            args=config(tmp_path, use_transformers_continuous_batching=True),
+            train_dataset=image_rows(),
+            processing_class=processor,
+        )
+
+
 def test_the_check_before_loading_decodes_no_image(tmp_path, monkeypatch):
     """Checking every row before the model loads reads a datasets Image column undecoded (a large image set would
     otherwise be decoded once just to be checked); a file that exists but does not decode is named at first use."""

@@ -1045,13 +1045,19 @@ TABLE = {'fields': [{'name': 'output_dir',
              'default': 120.0},
             {'name': 'use_transformers_continuous_batching',
              'type': ['bool'],
-             'help': "Generate with transformers' continuous batching (paged attention) instead of `generate`.",
+             'help': "Generate with transformers' continuous batching (`generate_batch`: a paged KV cache, finished "
+                     "rows replaced as they end, each group's prompt prefilled once) instead of `generate`. Text "
+                     'models only; not with use_vllm, repetition_penalty != 1, cache_implementation, or '
+                     'generation_kwargs it does not apply (min_new_tokens, no_repeat_ngram_size, ...).',
              'owner': 'GRPOConfig',
              'init': True,
              'default': False},
             {'name': 'transformers_continuous_batching_config',
              'type': ['union', [['dict'], ['str'], ['none']]],
-             'help': "Keyword arguments for transformers' `ContinuousBatchingConfig`.",
+             'help': "Keyword arguments for transformers' `ContinuousBatchingConfig`. Without num_blocks or "
+                     "max_memory_percent, grpokit sizes the KV cache to one round's rows (prompt + "
+                     'max_completion_length each), not to a share of free memory; return_logprobs: true reports the '
+                     "sampler's log-probabilities.",
              'owner': 'GRPOConfig',
              'init': True,
              'default': None},

@@ -248,11 +248,20 @@ class GRPOConfig(TrainingArguments):
     )
     use_transformers_continuous_batching: bool = field(
         default=False,
-        metadata={"help": "Generate with transformers' continuous batching (paged attention) instead of `generate`."},
+        metadata={
+            "help": "Generate with transformers' continuous batching (`generate_batch`: a paged KV cache, finished "
+            "rows replaced as they end, each group's prompt prefilled once) instead of `generate`. Text models only; "
+            "not with use_vllm, repetition_penalty != 1, cache_implementation, or generation_kwargs it does not "
+            "apply (min_new_tokens, no_repeat_ngram_size, ...)."
+        },
     )
     transformers_continuous_batching_config: dict | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments for transformers' `ContinuousBatchingConfig`."},
+        metadata={
+            "help": "Keyword arguments for transformers' `ContinuousBatchingConfig`. Without num_blocks or "
+            "max_memory_percent, grpokit sizes the KV cache to one round's rows (prompt + max_completion_length "
+            "each), not to a share of free memory; return_logprobs: true reports the sampler's log-probabilities."
+        },
     )
     use_transformers_paged: bool = field(
         default=False,

@@ -274,6 +274,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
             )
         )
     problems += _vllm_problems(values)
+    problems += continuous_batching_problems(values)
     pad = get("pad_to_multiple_of")
     if isinstance(pad, str) and pad != "auto":  # `int | str` only so that 'auto' can be written
         problems.append(
@@ -347,6 +348,75 @@ def _vllm_problems(values: dict[str, Any]) -> list[Problem]:
                     url,
                 )
             )
+    return problems
+
+
+# generation_kwargs transformers' continuous batching honours: the logits processors that read only the scores, and
+# what generate_batch itself reads (see grpokit.generation.continuous).
+CONTINUOUS_BATCHING_GENERATION_KWARGS = (
+    "bos_token_id",
+    "do_sample",
+    "eos_token_id",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "max_new_tokens",
+    "min_p",
+    "pad_token_id",
+    "remove_invalid_values",
+    "renormalize_logits",
+    "suppress_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+)
+CONTINUOUS_WITH_VLLM = "use_transformers_continuous_batching and use_vllm are two generation backends; keep one"
+
+
+def continuous_batching_problems(values: dict[str, Any]) -> list[Problem]:
+    """With use_transformers_continuous_batching: what transformers' `generate_batch` would not apply (its logits
+    processors see only each row's last token, and it runs its own paged cache and no stopping criteria)."""
+    if not values.get("use_transformers_continuous_batching"):
+        return []
+    name = "use_transformers_continuous_batching"
+    problems = []
+    if values.get("use_vllm"):
+        problems.append(Problem(name, CONTINUOUS_WITH_VLLM, True))
+    kwargs = values.get("generation_kwargs") if isinstance(values.get("generation_kwargs"), dict) else {}
+    penalty = kwargs.get("repetition_penalty", values.get("repetition_penalty"))
+    if _num(penalty) and penalty != 1.0:
+        problems.append(
+            Problem(
+                "repetition_penalty",
+                "transformers' continuous batching drops the repetition penalty (its processor needs each row's "
+                "history)",
+                penalty,
+                "set it to 1.0, or turn use_transformers_continuous_batching off",
+            )
+        )
+    cache = kwargs.get("cache_implementation", values.get("cache_implementation"))
+    if cache is not None:
+        problems.append(
+            Problem(
+                "cache_implementation",
+                "has no effect with use_transformers_continuous_batching (it pages its own KV cache)",
+                cache,
+                "leave it unset",
+            )
+        )
+    ignored = sorted(
+        set(kwargs) - set(CONTINUOUS_BATCHING_GENERATION_KWARGS) - {"repetition_penalty", "cache_implementation"}
+    )
+    if ignored:
+        problems.append(
+            Problem(
+                "generation_kwargs",
+                f"transformers' continuous batching does not apply {', '.join(ignored)} (it honours "
+                f"{', '.join(CONTINUOUS_BATCHING_GENERATION_KWARGS)})",
+                kwargs,
+                "drop them, or turn use_transformers_continuous_batching off",
+            )
+        )
     return problems
 
 

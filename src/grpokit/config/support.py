@@ -13,8 +13,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "code_eval_scoring_mode": "it scores open-r1's Codeforces reward (cf_code), which grpokit refuses by design (its "
     "checkers run only on open-r1's remote Piston/Morph graders); the code and binary_code rewards score the fraction "
     "of tests passed and pass/fail",
-    "use_transformers_continuous_batching": "transformers continuous batching is not supported yet",
-    "transformers_continuous_batching_config": "transformers continuous batching is not supported yet",
     "log_completions_hub_repo": "uploading completions to the Hub is not supported (runs are offline-first)",
     # open-r1's fields that drive its cluster and Hub tooling
     "callbacks": "open-r1's callbacks need its Hub tooling (revision pushes); pass TrainerCallback objects to "

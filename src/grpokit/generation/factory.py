@@ -1,19 +1,23 @@
 """The one place a generation backend is chosen and built from a `GRPOConfig`: transformers' `generate` by default,
-vLLM in the training process (`vllm_mode="colocate"`) or in a `vllm serve` process (`vllm_mode="server"`) with
+transformers' continuous batching (`use_transformers_continuous_batching`), vLLM in the training process (`vllm_mode="colocate"`) or in a `vllm serve` process (`vllm_mode="server"`) with
 `use_vllm`. It imports the backends; they import only what is below them (`base`, `tokens`, `vllm_common`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
 
+from grpokit.config.rules import CONTINUOUS_WITH_VLLM
 from grpokit.dist import LOCAL, Collective
 
 from .base import GenerationBackend
 from .transformers_backend import TransformersGenerator
 from .vllm_common import sampling_kwargs
+
+logger = logging.getLogger(__name__)
 
 
 def build_generator(
@@ -27,6 +31,7 @@ def build_generator(
     device: torch.device | str | None = None,
     dist: Collective = LOCAL,
     never_sample: Sequence[int] = (),
+    vision_model: bool = False,
 ) -> GenerationBackend:
     """The backend `args` asks for.
 
@@ -42,7 +47,14 @@ def build_generator(
         never_sample: token ids generation must not sample (a vision-language model's image placeholders: one
             sampled would no longer match the image features): suppressed in transformers' `generate`, given a
             -100 logit bias in vLLM's sampling.
+        vision_model: the policy is a vision-language model (continuous batching refuses it: text prompts only).
     """
+    if args.use_transformers_continuous_batching:
+        return _continuous_generator(args, policy, tokenizer, eos_token_ids, never_sample, vision_model)
+    if args.transformers_continuous_batching_config:
+        logger.warning(
+            "transformers_continuous_batching_config has no effect without use_transformers_continuous_batching: true"
+        )
     if not args.use_vllm:
         return _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -58,10 +70,9 @@ def _biased(sampling: dict, never_sample: Sequence[int]) -> dict:
     return sampling
 
 
-def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample) -> TransformersGenerator:
-    from transformers import GenerationConfig
-
-    generation_kwargs = {
+def _generation_kwargs(args, tokenizer, eos_token_ids, never_sample) -> dict:
+    """The `GenerationConfig` keywords of both transformers backends (TRL's, plus `never_sample`'s suppression)."""
+    return {
         "max_new_tokens": args.max_completion_length,
         "do_sample": True,
         "pad_token_id": tokenizer.pad_token_id,
@@ -76,6 +87,12 @@ def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, neve
         **({"suppress_tokens": list(never_sample)} if never_sample else {}),
         **(args.generation_kwargs or {}),  # they win over the fields above, as in TRL
     }
+
+
+def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, never_sample) -> TransformersGenerator:
+    from transformers import GenerationConfig
+
+    generation_kwargs = _generation_kwargs(args, tokenizer, eos_token_ids, never_sample)
     return TransformersGenerator(
         policy,
         GenerationConfig(**generation_kwargs, disable_compile=True),
@@ -83,6 +100,28 @@ def _transformers_generator(args, policy, tokenizer, eos_token_ids, device, neve
         eos_token_ids=eos_token_ids,
         pad_to_multiple_of=args.pad_to_multiple_of,
         device=device,
+    )
+
+
+def _continuous_generator(args, policy, tokenizer, eos_token_ids, never_sample, vision_model) -> GenerationBackend:
+    from transformers import GenerationConfig
+
+    from .continuous import ContinuousBatchingGenerator
+
+    if args.use_vllm:
+        raise ValueError(CONTINUOUS_WITH_VLLM)
+    if vision_model:
+        raise ValueError(
+            "use_transformers_continuous_batching does not take a vision-language model (transformers' "
+            "generate_batch reads text prompts only); turn it off, or use use_vllm"
+        )
+    generation_kwargs = _generation_kwargs(args, tokenizer, eos_token_ids, never_sample)
+    generation_kwargs.pop("cache_implementation")  # None (the rules refuse it): continuous batching pages its own
+    return ContinuousBatchingGenerator(
+        policy,
+        GenerationConfig(**generation_kwargs, disable_compile=True),
+        eos_token_ids=eos_token_ids,
+        settings=args.transformers_continuous_batching_config,
     )
 
 
