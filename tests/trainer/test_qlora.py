@@ -136,46 +136,6 @@ def test_vllm_gets_the_dequantised_base_with_the_adapter_merged(tiny_model_dir, 
     assert not torch.equal(pushed["model.layers.0.mlp.up_proj.weight"], reference["model.layers.0.mlp.up_proj.weight"])
 
 
-def test_quantization_without_an_adapter_is_refused_before_loading(dataset, make_args):
-    with pytest.raises(ValueError) as caught:
-        GRPOTrainer(
-            "/nonexistent/model",
-            text_reward,
-            args=make_args(),
-            train_dataset=dataset,
-            quantization_config=_quantization("nf4"),
-        )
-    assert (
-        "quantization_config: a quantised base model cannot be trained in full (its weights are frozen integers); "
-        "pass peft_config (e.g. peft.LoraConfig) to train LoRA adapters on it (QLoRA)"
-    ) in str(caught.value).splitlines()[1]
-
-
-def test_quantization_in_two_places_is_refused_before_loading(dataset, make_args):
-    args = make_args(model_init_kwargs={"quantization_config": {"load_in_4bit": True}})
-    with pytest.raises(ValueError, match="quantization_config: given both as a GRPOTrainer argument and in model_"):
-        GRPOTrainer(
-            "/nonexistent/model",
-            text_reward,
-            args=args,
-            train_dataset=dataset,
-            quantization_config=_quantization("nf4"),
-            peft_config=peft.LoraConfig(r=4),
-        )
-
-
-def test_model_init_kwargs_quantization_with_both_bit_widths_is_refused(dataset, make_args):
-    args = make_args(model_init_kwargs={"quantization_config": {"load_in_4bit": True, "load_in_8bit": True}})
-    with pytest.raises(ValueError) as caught:
-        GRPOTrainer("/nonexistent/model", text_reward, args=args, train_dataset=dataset)
-    lines = str(caught.value).splitlines()[1:]
-    assert [line.strip() for line in lines] == [
-        "model_init_kwargs['quantization_config']: load_in_4bit and load_in_8bit cannot both be true",
-        "model_init_kwargs['quantization_config']: a quantised base model cannot be trained in full (its weights are "
-        "frozen integers); pass peft_config (e.g. peft.LoraConfig) to train LoRA adapters on it (QLoRA)",
-    ]
-
-
 def test_a_quantised_model_instance_without_an_adapter_is_refused(tiny_model_dir, dataset, make_args):
     from grpokit.models import load_policy
 

@@ -312,6 +312,18 @@ def _quantization_problems(values: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+def quantization_warnings(values: dict[str, Any]) -> list[str]:
+    """The 4-bit options set where they have no effect (without load_in_4bit), so that none is a silent no-op."""
+    if values.get("load_in_4bit") or "load_in_4bit" not in values:
+        return []
+    set_ = {
+        "bnb_4bit_quant_type": values.get("bnb_4bit_quant_type") not in (None, "nf4"),
+        "use_bnb_nested_quant": bool(values.get("use_bnb_nested_quant")),
+        "bnb_4bit_quant_storage": values.get("bnb_4bit_quant_storage") is not None,
+    }
+    return [f"{name}={values[name]!r} has no effect without load_in_4bit: true" for name, on in set_.items() if on]
+
+
 def reference_problems(values: dict[str, Any]) -> list[Problem]:
     """The reference model's rule: sync_ref_model needs one, and beta=0 loads none. Also run by GRPOTrainer on the
     config it is given, whose fields may have been assigned after it was built."""
