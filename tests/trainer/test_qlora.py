@@ -15,6 +15,8 @@ bnb = pytest.importorskip("bitsandbytes")
 peft = pytest.importorskip("peft")
 
 TARGETS = ["q_proj", "v_proj", "up_proj"]
+# peft reads transformers' deprecated alias when it wraps a model (the trainer silences it the same way)
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 
 
 def _quantization(kind):
