@@ -183,3 +183,21 @@ def test_a_code_reward_without_its_sandbox_is_refused_before_the_model_loads(mak
     # the model path does not exist: had the model loaded first, that would be the error
     with pytest.raises(ValueError, match=r"code: running model programs needs bubblewrap \(`bwrap`\)"):
         GRPOTrainer("/nonexistent/model", "code", args=make_args(), train_dataset=dataset)
+
+
+def test_quantization_for_an_instantiated_model_is_named_as_ignored(
+    tiny_model, tiny_tokenizer, dataset, make_args, caplog
+):
+    peft = pytest.importorskip("peft")
+    with caplog.at_level("WARNING", logger="grpokit.models"):
+        trainer = GRPOTrainer(
+            tiny_model,
+            text_reward,
+            args=make_args(),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            quantization_config={"load_in_4bit": True},
+            peft_config=peft.LoraConfig(r=4),
+        )
+    assert "quantization_config is ignored: the model is already instantiated" in caplog.messages
+    assert not getattr(trainer.model, "is_loaded_in_4bit", False)  # as TRL: the instance is trained as it is
