@@ -160,10 +160,10 @@ def is_quantized(model) -> bool:
 
 
 def prepare_quantized(model) -> None:
-    """A PEFT model on a quantised base, made ready to train (QLoRA), as TRL 1.16 does: the trainable adapter weights
-    in bfloat16 (the QLoRA paper's choice; DoRA's magnitude vector stays as it is, its small updates would round
-    away). And bitsandbytes' CPU path never repacks the 4-bit weights for inference: it does so on the first
-    no-gradient forward in eval mode, after which training forwards of that layer fail (bitsandbytes 0.50)."""
+    """A PEFT model on a quantised base, made ready to train (QLoRA): the trainable adapter weights in bfloat16, as
+    TRL 1.16 has them (the QLoRA paper's choice; DoRA's magnitude vector keeps its dtype, its small updates would
+    round away), and bitsandbytes' CPU repacking of 4-bit weights turned off: bitsandbytes 0.50 repacks a layer on
+    its first no-gradient forward in eval mode (on AVX512-BF16 CPUs), after which its training forwards fail."""
     if not is_quantized(model):
         return
     for module in model.modules():

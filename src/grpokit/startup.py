@@ -58,8 +58,8 @@ def quantization_problems(model, model_init_kwargs, quantization_config, peft_co
     problems = []
     if get("load_in_4bit", False) and get("load_in_8bit", False):
         problems.append(f"{where}: load_in_4bit and load_in_8bit cannot both be true")
-    method = str(getattr(get("quant_method", "bitsandbytes"), "value", get("quant_method", "bitsandbytes")))
-    if method == "bitsandbytes" and not installed("bitsandbytes"):
+    method = get("quant_method", "bitsandbytes")
+    if str(getattr(method, "value", method)) == "bitsandbytes" and not installed("bitsandbytes"):
         problems.append(f"{where}: bitsandbytes is not installed (pip install 'grpokit[qlora]')")
     if peft_config is None:
         problems.append(
@@ -70,12 +70,19 @@ def quantization_problems(model, model_init_kwargs, quantization_config, peft_co
 
 
 def check_before_loading(
-    args, reward_funcs, train_dataset, trl_only, owned_rewards=False, model=None, quantization_config=None, peft=None
+    args,
+    reward_funcs,
+    train_dataset,
+    trl_only,
+    owned_rewards=False,
+    model=None,
+    quantization_config=None,
+    peft_config=None,
 ) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
     refuse_unknown_arguments(trl_only)
-    problems += quantization_problems(model, args.model_init_kwargs, quantization_config, peft)
+    problems += quantization_problems(model, args.model_init_kwargs, quantization_config, peft_config)
     for name, value in trl_only.items():
         if value is not None:
             problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
