@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM on an NVIDIA GPU: colocate and server mode (NCCL weight transfer), a few GRPO steps each on a small model,
 # printing engine start, step and weight-push times; then the zero3 preset (gathered and hook-driven generation) and
-# the fsdp2 preset (when the machine has 2 GPUs: FSDP needs one process per GPU). Meant for a lent GPU machine with no network beyond PyPI:
+# the fsdp2 preset (when the machine has 2 GPUs: FSDP needs one process per GPU), and QLoRA (4-bit base, LoRA, vLLM
+# colocate: the dequantised base with the adapter merged is pushed, so the logp gap stays small). Meant for a lent GPU machine with no network beyond PyPI:
 # it builds its own venv, a random-init Qwen2 model (0.1B-class) and a prompt file locally. About 5-8 minutes.
 #   bash benchmarks/gpu_check.sh            # from the repository root
 set -euo pipefail
@@ -12,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 python3 -m venv "$WORK/venv"
 . "$WORK/venv/bin/activate"
-pip install -q -e ".[vllm]" "deepspeed>=0.19"
+pip install -q -e ".[vllm,peft,qlora]" "deepspeed>=0.19"
 python - <<'PY'
 import torch, vllm, transformers
 print(f"torch {torch.__version__} (cuda {torch.version.cuda}), vllm {vllm.__version__}, transformers {transformers.__version__}")
@@ -58,6 +59,18 @@ grpokit train "${COMMON[@]}" --vllm_mode colocate --vllm_gpu_memory_utilization 
   > "$WORK/colocate.log" 2>&1 || { tail -30 "$WORK/colocate.log"; exit 1; }
 echo "  wall $(( $(date +%s) - start )) s (engine start included)"
 report "$WORK/colocate"
+
+echo "== QLoRA: nf4 base, LoRA r 16 on all linear layers, beta 0.04, vLLM colocate"
+grpokit train "${BASE[@]}" --use_vllm true --beta 0.04 --use_peft true --lora_r 16 --lora_target_modules all-linear \
+  --load_in_4bit true --dtype bfloat16 --learning_rate 1e-4 --vllm_mode colocate --vllm_gpu_memory_utilization 0.3 \
+  --output_dir "$WORK/qlora" > "$WORK/qlora.log" 2>&1 || { tail -30 "$WORK/qlora.log"; exit 1; }
+report "$WORK/qlora"
+python - "$WORK/qlora" <<'PY'
+import os, sys
+files = set(os.listdir(sys.argv[1]))
+assert {"adapter_model.safetensors", "adapter_config.json"} <= files and "model.safetensors" not in files, files
+print("  saved the adapter only:", sorted(f for f in files if f.startswith("adapter")))
+PY
 
 echo "== server (NCCL weight transfer)"
 start=$(date +%s)

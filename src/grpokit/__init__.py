@@ -43,6 +43,26 @@ def _quiet_deepspeed_cpu_detection() -> None:
 _quiet_deepspeed_cpu_detection()
 
 
+def _quiet_bitsandbytes_cpu_kernel() -> None:
+    """bitsandbytes (>= 0.50), imported by peft and so by transformers' Trainer whenever it is installed, tries on a
+    CPU with AVX512-BF16 to fetch a 4-bit inference kernel from the Hub and logs "Failed to load CPU
+    gemm_4bit_forward ..." (and the `kernels` package a line about its trust check) when it cannot: on every grpokit
+    run. That kernel serves only the repacked 4-bit weights, which grpokit turns off for training (see
+    `grpokit.models.prepare_quantized`), so the lines say nothing here; they are dropped at their two loggers."""
+    import logging
+
+    class _DropKernelFetch(logging.Filter):
+        def filter(self, record):
+            text = str(record.msg)
+            return "gemm_4bit_forward" not in text and "quantization-bitsandbytes" not in text
+
+    for name in ("bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):
+        logging.getLogger(name).addFilter(_DropKernelFetch())
+
+
+_quiet_bitsandbytes_cpu_kernel()
+
+
 def __getattr__(name):
     # Imports are lazy so that `grpokit config ...` never pays for torch/transformers model code it does not use.
     if name in _LAZY:

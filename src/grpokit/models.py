@@ -36,12 +36,14 @@ def from_pretrained_kwargs(model_init_kwargs: dict | None, trust_remote_code: bo
     return kwargs
 
 
-def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool):
+def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code: bool, quantization_config=None):
     """The policy from a path or hub id: a causal LM, or with a vision tower (its config has a `vision_config`) an
-    image-text-to-text model, as TRL loads them."""
+    image-text-to-text model, as TRL loads them; quantised with `quantization_config` when given."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
     config = AutoConfig.from_pretrained(model_id, trust_remote_code=kwargs["trust_remote_code"])
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     return auto.from_pretrained(model_id, **kwargs)
@@ -152,6 +154,52 @@ def _is_peft_layer(module) -> bool:
     return isinstance(module, BaseTunerLayer)
 
 
+def is_quantized(model) -> bool:
+    """Whether the model's base was loaded quantised by bitsandbytes (4-bit or 8-bit), as transformers marks it."""
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def prepare_quantized(model) -> None:
+    """A PEFT model on a quantised base, made ready to train (QLoRA): the trainable adapter weights in bfloat16, as
+    TRL 1.16 has them (the QLoRA paper's choice; DoRA's magnitude vector keeps its dtype, its small updates would
+    round away), and bitsandbytes' CPU repacking of 4-bit weights turned off: bitsandbytes 0.50 repacks a layer on
+    its first no-gradient forward in eval mode (on AVX512-BF16 CPUs), after which its training forwards fail."""
+    if not is_quantized(model):
+        return
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):  # bitsandbytes' Linear4bit
+            module.support_avx512bf16_for_cpu = False
+    for name, param in model.named_parameters():
+        if param.requires_grad and "lora_magnitude_vector" not in name:
+            param.data = param.data.to(torch.bfloat16)
+
+
+# bitsandbytes' quantised parameter classes (4-bit, 8-bit), by name: bitsandbytes is imported only when one is there.
+QUANTIZED_PARAMS = ("Params4bit", "Int8Params")
+
+
+def dequantized(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The dense weight (in `dtype`) a bitsandbytes-quantised parameter stands for, exactly what the layer multiplies
+    by: a 4-bit `Params4bit` or an 8-bit `Int8Params`. None for any other tensor."""
+    kind = type(param).__name__
+    if kind not in QUANTIZED_PARAMS:
+        return None
+    import bitsandbytes.functional as bnb_functional
+
+    with torch.no_grad():
+        if kind == "Params4bit":
+            dense = bnb_functional.dequantize_4bit(param.data, param.quant_state)
+        else:
+            dense = bnb_functional.int8_vectorwise_dequant(param.data, param.SCB)
+    return dense.to(dtype)
+
+
+def dense_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """The shape of the weight a parameter stands for: a 4-bit parameter stores its values packed in another shape."""
+    state = getattr(param, "quant_state", None)
+    return tuple(state.shape) if type(param).__name__ == "Params4bit" and state is not None else tuple(param.shape)
+
+
 def apply_peft(model, peft_config):
     """Wrap `model` with a new adapter described by `peft_config` (a `peft.PeftConfig`)."""
     try:
@@ -254,9 +302,15 @@ def prepare_policy(model, peft_config, *, beta: float, gradient_checkpointing: b
 
     Without PEFT the reference is a frozen copy of the initial policy (beta > 0 only). With a new adapter
     (`peft_config`) there is no reference model: the policy with its adapter disabled is the reference. A
-    `PeftModel` given with a trained adapter gets a frozen copy of it ('ref') to serve as reference.
+    `PeftModel` given with a trained adapter gets a frozen copy of it ('ref') to serve as reference. On a quantised
+    base (QLoRA) the reference is that same quantised base, which is exactly the initial policy.
     """
     reference = None
+    if is_quantized(model) and peft_config is None and not is_peft_model(model):
+        raise ValueError(
+            "the model is quantised (bitsandbytes) and has no PEFT adapter: a quantised base cannot be trained in "
+            "full; pass peft_config (e.g. peft.LoraConfig) to train LoRA adapters on it (QLoRA)"
+        )
     if beta != 0.0 and peft_config is None and not is_peft_model(model):
         from .sharding import copy_for_reference
 
@@ -265,6 +319,7 @@ def prepare_policy(model, peft_config, *, beta: float, gradient_checkpointing: b
         model = apply_peft(model, peft_config)
     elif is_peft_model(model) and beta != 0.0:
         add_reference_adapter(model)
+    prepare_quantized(model)
     if is_peft_model(model):
         if _is_peft_layer(model.get_output_embeddings()):
             raise ValueError("a PEFT adapter on lm_head is not supported; remove 'lm_head' from target_modules")
@@ -310,17 +365,21 @@ class TrainerModels:
     aux_loss_enabled: bool
 
 
-def build_models(model, processing_class, peft_config, args) -> TrainerModels:
-    """The policy (loaded if a path, with PEFT if asked), its tokenizer and the reference model, as `args` (a
-    `GRPOConfig`) prepares them: dropout off, lm_head in float32, the MoE router loss."""
+def build_models(model, processing_class, peft_config, args, quantization_config=None) -> TrainerModels:
+    """The policy (loaded if a path, quantised with `quantization_config` if given, with PEFT if asked), its tokenizer
+    and the reference model, as `args` (a `GRPOConfig`) prepares them: dropout off, lm_head in float32, the MoE router
+    loss."""
     from transformers import set_seed
 
     set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
     model_path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     if isinstance(model, str):
-        model = load_policy(model, args.model_init_kwargs, args.trust_remote_code)
-    elif args.model_init_kwargs:
-        logger.warning("model_init_kwargs is ignored: the model is already instantiated")
+        model = load_policy(model, args.model_init_kwargs, args.trust_remote_code, quantization_config)
+    else:
+        if args.model_init_kwargs:
+            logger.warning("model_init_kwargs is ignored: the model is already instantiated")
+        if quantization_config is not None:
+            logger.warning("quantization_config is ignored: the model is already instantiated")
     tokenizer = prepare_tokenizer(model, processing_class, args.trust_remote_code, args.chat_template)
     from .vision import tokenizer_of
 

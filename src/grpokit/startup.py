@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import logging
 
-from .config.precision import hardware_problems
+from .config.precision import hardware_problems, installed
 from .config.rules import reference_problems
 from .config.support import unsupported_settings
 from .launch import engine_problems, launch_problems, launched_engine
 
 logger = logging.getLogger("grpokit.trainer")  # the trainer's start warnings, under its logger name
 
-# Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly.
-TRL_ONLY_ARGUMENTS = ("quantization_config",)
+# Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly (none at present).
+TRL_ONLY_ARGUMENTS = ()
 # GRPOTrainer's keyword arguments (TRL 1.16's), offered by "did you mean" for a mistyped one.
 TRAINER_ARGUMENTS = (
     "model",
@@ -25,6 +25,7 @@ TRAINER_ARGUMENTS = (
     "reward_processing_classes",
     "callbacks",
     "optimizers",
+    "quantization_config",
     "peft_config",
     "tools",
     "environment_factory",
@@ -41,10 +42,47 @@ def refuse_unknown_arguments(kwargs) -> None:
         raise UnknownArgumentError("GRPOTrainer.__init__", unknown, TRAINER_ARGUMENTS + TRL_ONLY_ARGUMENTS)
 
 
-def check_before_loading(args, reward_funcs, train_dataset, trl_only, owned_rewards: bool = False) -> None:
+def quantization_problems(model, model_init_kwargs, quantization_config, peft_config) -> list[str]:
+    """QLoRA's rules, before the model loads: the quantisation given in one place, bitsandbytes installed, and an
+    adapter to train (a quantised base cannot be trained in full)."""
+    in_kwargs = (model_init_kwargs or {}).get("quantization_config") if isinstance(model_init_kwargs, dict) else None
+    if quantization_config is not None and in_kwargs is not None:
+        return [
+            "quantization_config: given both as a GRPOTrainer argument and in model_init_kwargs; set it in one place"
+        ]
+    config = quantization_config if quantization_config is not None else in_kwargs
+    if config is None or not isinstance(model, str):  # an instantiated model is not loaded again (a warning says so)
+        return []
+    where = "quantization_config" if quantization_config is not None else "model_init_kwargs['quantization_config']"
+    get = config.get if isinstance(config, dict) else lambda name, default=None: getattr(config, name, default)
+    problems = []
+    if get("load_in_4bit", False) and get("load_in_8bit", False):
+        problems.append(f"{where}: load_in_4bit and load_in_8bit cannot both be true")
+    method = get("quant_method", "bitsandbytes")
+    if str(getattr(method, "value", method)) == "bitsandbytes" and not installed("bitsandbytes"):
+        problems.append(f"{where}: bitsandbytes is not installed (pip install 'grpokit[qlora]')")
+    if peft_config is None:
+        problems.append(
+            f"{where}: a quantised base model cannot be trained in full (its weights are frozen integers); pass "
+            "peft_config (e.g. peft.LoraConfig) to train LoRA adapters on it (QLoRA)"
+        )
+    return problems
+
+
+def check_before_loading(
+    args,
+    reward_funcs,
+    train_dataset,
+    trl_only,
+    owned_rewards=False,
+    model=None,
+    quantization_config=None,
+    peft_config=None,
+) -> None:
     """Every reason not to start, at once, before any model or tokenizer loads."""
     problems = []
     refuse_unknown_arguments(trl_only)
+    problems += quantization_problems(model, args.model_init_kwargs, quantization_config, peft_config)
     for name, value in trl_only.items():
         if value is not None:
             problems.append(f"{name}: this GRPOTrainer argument is not supported yet")

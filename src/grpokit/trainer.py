@@ -71,6 +71,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         processing_class: the tokenizer; default loaded from the model's path, padding on the left.
         reward_processing_classes: one tokenizer per reward function (used for reward models only).
         callbacks, optimizers: as for `transformers.Trainer`.
+        quantization_config: a `transformers.BitsAndBytesConfig` to load `model` (a path) quantised, for QLoRA with
+            `peft_config`.
         peft_config: a `peft.PeftConfig` to train an adapter instead of the whole model.
     """
 
@@ -88,6 +90,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         reward_processing_classes=None,
         callbacks: list[TrainerCallback] | None = None,
         optimizers=(None, None),
+        quantization_config=None,
         peft_config=None,
         **trl_only,
     ):
@@ -98,7 +101,9 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         refuse_unknown_arguments(trl_only)  # a mistyped keyword: TypeError with "did you mean", before anything else
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
         train_dataset = self._training_rows(args, train_dataset)
-        check_before_loading(args, reward_funcs, train_dataset, trl_only, bool(owned_rewards))
+        check_before_loading(
+            args, reward_funcs, train_dataset, trl_only, bool(owned_rewards), model, quantization_config, peft_config
+        )
         resolve_precision(args)
         set_wandb_environment(args)
 
@@ -115,7 +120,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self.reward_funcs, self.reward_func_names = self.rewards.funcs, self.rewards.names
         with warnings.catch_warnings():  # peft reads transformers' deprecated alias when it wraps the model
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            built = models.build_models(model, processing_class, peft_config, args)
+            built = models.build_models(model, processing_class, peft_config, args, quantization_config)
         self._model_path, self.eos_token_ids, self.ref_model = built.model_path, built.eos_token_ids, built.reference
         self.router_aux_loss_coef, self.aux_loss_enabled = built.router_aux_loss_coef, built.aux_loss_enabled
         self.loss_settings = LossSettings.from_config(args)

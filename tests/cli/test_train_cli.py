@@ -205,3 +205,50 @@ def test_resolved_config_reruns_from_the_run_folder(tmp_path, tiny_model_dir):
     assert os.path.samefile(values["dataset_name"], tmp_path / "data.jsonl")
     assert os.path.samefile(values["output_dir"], run)
     assert all(os.path.isabs(values[k]) for k in ("model_name_or_path", "dataset_name", "output_dir"))
+
+
+def test_qlora_from_the_command(tmp_path, tiny_model_dir):
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("peft")
+    recipe = write_recipe(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=1,
+        use_peft=True,
+        lora_r=4,
+        lora_target_modules=["q_proj", "v_proj"],
+        load_in_4bit=True,
+        beta=0.04,
+    )
+    result = run_grpokit("train", "--config", str(recipe))
+    assert result.returncode == 0, result.stderr[-2000:]
+    files = set(os.listdir(tmp_path / "run"))
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= files and "model.safetensors" not in files
+
+
+def test_the_4bit_fields_become_trl_s_bitsandbytes_config():
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from grpokit import ModelConfig
+    from grpokit.cli.train import _quantization_config
+
+    assert _quantization_config(ModelConfig()) is None
+    four = _quantization_config(
+        ModelConfig(
+            use_peft=True,
+            load_in_4bit=True,
+            bnb_4bit_quant_type="fp4",
+            use_bnb_nested_quant=True,
+            bnb_4bit_quant_storage="bfloat16",
+            dtype="bfloat16",
+        )
+    )
+    assert (four.load_in_4bit, four.load_in_8bit, four.bnb_4bit_quant_type) == (True, False, "fp4")
+    assert (four.bnb_4bit_use_double_quant, four.bnb_4bit_quant_storage) == (True, torch.bfloat16)
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16  # computes in the load dtype, as TRL
+    assert _quantization_config(
+        ModelConfig(use_peft=True, load_in_4bit=True, dtype="auto")
+    ).bnb_4bit_compute_dtype == (torch.float32)
+    eight = _quantization_config(ModelConfig(use_peft=True, load_in_8bit=True))
+    assert (eight.load_in_8bit, eight.load_in_4bit) == (True, False)

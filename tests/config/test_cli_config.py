@@ -452,6 +452,19 @@ def test_vllm_notes_name_what_has_no_effect(cli, write):
     assert "with vllm_mode" not in colocate.err  # nothing of server mode was set
 
 
+def test_4bit_options_without_load_in_4bit_are_named(cli, write):
+    yaml_text = "use_peft: true\nbnb_4bit_quant_type: fp4\nuse_bnb_nested_quant: true\nbnb_4bit_quant_storage: uint8\n"
+    result = cli("config", "validate", "--config", write("c.yaml", yaml_text))
+    assert result.code == 0, result.err
+    assert [line for line in result.err.splitlines() if "load_in_4bit" in line] == [
+        "warning: bnb_4bit_quant_type='fp4' has no effect without load_in_4bit: true",
+        "warning: use_bnb_nested_quant=True has no effect without load_in_4bit: true",
+        "warning: bnb_4bit_quant_storage='uint8' has no effect without load_in_4bit: true",
+    ]
+    on = cli("config", "validate", "--config", write("d.yaml", yaml_text + "load_in_4bit: true\n"))
+    assert "has no effect" not in on.err
+
+
 def test_vllm_fields_without_use_vllm_are_named(cli, write):
     result = cli("config", "validate", "--config", write("c.yaml", "vllm_mode: server\nvllm_server_port: 8011\n"))
     assert result.code == 0, result.err

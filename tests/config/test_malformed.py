@@ -137,6 +137,11 @@ YAML_CASES = [
     ("eval-batch-vs-eval-groups", "eval_strategy: steps\nper_device_eval_batch_size: 4\nnum_generations_eval: 3\n", ["--num_processes", "1"], ["per_device_eval_batch_size=4", "evaluation group size 3", "nearest valid values: 3 or 6"]),
     ("auto-find-batch-size", "auto_find_batch_size: true\n", [], ["auto_find_batch_size=True", "not supported by GRPO"]),
     ("fp16-and-bf16", "fp16: true\nbf16: true\n", [], ["bf16=True", "fp16 and bf16 cannot both be true"]),
+    # ---- QLoRA
+    ("4bit-without-peft", "load_in_4bit: true\n", [], ["load_in_4bit=True (yaml:{file}:1): a quantised base model cannot be trained in full (its weights are frozen integers); set use_peft: true to train LoRA adapters on it (QLoRA)"]),
+    ("quantization-without-peft", "model_init_kwargs:\n  quantization_config: {load_in_4bit: true}\n", [], ["model_init_kwargs={'quantization_config': {'load_in_4bit': True}}", "cannot be trained in full", "set use_peft: true"]),
+    ("quantization-twice", "use_peft: true\nload_in_8bit: true\nmodel_init_kwargs:\n  quantization_config: {load_in_4bit: true}\n", [], ["load_in_8bit=True (yaml:{file}:2): model_init_kwargs sets quantization_config too; set the quantisation in one place"]),
+    ("4bit-and-8bit", "use_peft: true\nload_in_8bit: true\nload_in_4bit: true\n", [], ["load_in_4bit=True", "load_in_8bit and load_in_4bit cannot both be true"]),
     # ---- rewards
     ("reward-weights-length", "reward_funcs: [format, tag_count]\nreward_weights: [1.0]\n", [], ["reward_weights=[1.0] (yaml:{file}:2)", "2 reward function(s)", "give 2 weight(s)"]),
     ("reward-weights-with-reward-model", "reward_funcs: [format]\nreward_model_name_or_path: my/rm\nreward_weights: [1.0]\n", [], ["reward_weights=[1.0]", "1 reward model + 1 reward function(s)", "give 2 weight(s)"]),

@@ -1,6 +1,7 @@
 """An ordinary CPU run says nothing it need not: no DeepSpeed accelerator line, no pin_memory warning, no peft
 FutureWarning about `is_gradient_checkpointing`."""
 
+import os
 import subprocess
 import sys
 import warnings
@@ -19,6 +20,17 @@ def test_deepspeed_does_not_announce_the_cpu():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Setting accelerator to CPU" not in result.stdout + result.stderr
+
+
+def test_bitsandbytes_kernel_fetch_is_not_announced():
+    """bitsandbytes, imported with transformers' Trainer, logs a failed Hub fetch of a CPU inference kernel on
+    AVX512-BF16 machines (elsewhere it tries nothing, and there is nothing to drop)."""
+    pytest.importorskip("bitsandbytes")
+    code = "import grpokit, transformers.trainer, bitsandbytes"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "gemm_4bit_forward" not in result.stderr and "quantization-bitsandbytes" not in result.stderr
 
 
 def test_a_lora_run_on_cpu_warns_about_nothing(tiny_model_dir, dataset, make_args):

@@ -63,9 +63,67 @@ def test_every_start_problem_is_listed_at_once(make_args, dataset):
     assert "sync_ref_model=True: needs a reference model, and beta=0 loads none" in message
 
 
+QUANTISED_WITHOUT_ADAPTER = (
+    "a quantised base model cannot be trained in full (its weights are frozen integers); pass peft_config (e.g. "
+    "peft.LoraConfig) to train LoRA adapters on it (QLoRA)"
+)
+
+
+def test_quantization_without_an_adapter_is_refused_before_loading(make_args, dataset):
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer(
+            "/nonexistent/model",
+            text_reward,
+            args=make_args(),
+            train_dataset=dataset,
+            quantization_config={"load_in_4bit": True},
+        )
+    assert f"  quantization_config: {QUANTISED_WITHOUT_ADAPTER}" in str(error.value).splitlines()
+
+
+def test_quantization_in_two_places_or_at_two_widths_is_refused_before_loading(make_args, dataset):
+    peft = pytest.importorskip("peft")
+    args = make_args(model_init_kwargs={"quantization_config": {"load_in_4bit": True}})
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer(
+            "/nonexistent/model",
+            text_reward,
+            args=args,
+            train_dataset=dataset,
+            quantization_config={"load_in_4bit": True},
+            peft_config=peft.LoraConfig(r=4),
+        )
+    assert str(error.value).splitlines()[1:] == [
+        "  quantization_config: given both as a GRPOTrainer argument and in model_init_kwargs; set it in one place"
+    ]
+    args = make_args(model_init_kwargs={"quantization_config": {"load_in_4bit": True, "load_in_8bit": True}})
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer("/nonexistent/model", text_reward, args=args, train_dataset=dataset)
+    lines = str(error.value).splitlines()
+    assert "  model_init_kwargs['quantization_config']: load_in_4bit and load_in_8bit cannot both be true" in lines
+    assert f"  model_init_kwargs['quantization_config']: {QUANTISED_WITHOUT_ADAPTER}" in lines
+
+
+def test_quantization_without_bitsandbytes_is_refused_before_loading(make_args, dataset, monkeypatch):
+    peft = pytest.importorskip("peft")
+    from grpokit import startup
+
+    monkeypatch.setattr(startup, "installed", lambda module: module != "bitsandbytes")
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer(
+            "/nonexistent/model",
+            text_reward,
+            args=make_args(),
+            train_dataset=dataset,
+            quantization_config={"load_in_8bit": True},
+            peft_config=peft.LoraConfig(r=4),
+        )
+    assert str(error.value).splitlines()[1:] == [
+        "  quantization_config: bitsandbytes is not installed (pip install 'grpokit[qlora]')"
+    ]
+
+
 def test_trl_only_constructor_arguments_are_refused(make_args, dataset):
-    with pytest.raises(ValueError, match="quantization_config: this GRPOTrainer argument is not supported yet"):
-        GRPOTrainer("/nonexistent/model", text_reward, args=make_args(), train_dataset=dataset, quantization_config={})
     # A tool the model could not be told about is refused before the model loads (print has no type hints).
     with pytest.raises(ValueError, match="tool 'print' cannot be described to the model: .*missing a type hint"):
         GRPOTrainer("/nonexistent/model", text_reward, args=make_args(), train_dataset=dataset, tools=[print])
@@ -123,3 +181,21 @@ def test_a_code_reward_without_its_sandbox_is_refused_before_the_model_loads(mak
     # the model path does not exist: had the model loaded first, that would be the error
     with pytest.raises(ValueError, match=r"code: running model programs needs bubblewrap \(`bwrap`\)"):
         GRPOTrainer("/nonexistent/model", "code", args=make_args(), train_dataset=dataset)
+
+
+def test_quantization_for_an_instantiated_model_is_named_as_ignored(
+    tiny_model, tiny_tokenizer, dataset, make_args, caplog
+):
+    peft = pytest.importorskip("peft")
+    with caplog.at_level("WARNING", logger="grpokit.models"):
+        trainer = GRPOTrainer(
+            tiny_model,
+            text_reward,
+            args=make_args(),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            quantization_config={"load_in_4bit": True},
+            peft_config=peft.LoraConfig(r=4),
+        )
+    assert "quantization_config is ignored: the model is already instantiated" in caplog.messages
+    assert not getattr(trainer.model, "is_loaded_in_4bit", False)  # as TRL: the instance is trained as it is

@@ -260,6 +260,35 @@ def test_sync_weights_updates_server(server, tokenizer, model_dir, prompt_ids):
     print(f"\npush times: first (with group init) {times[0]:.3f}s, second {times[1]:.3f}s")
 
 
+def test_qlora_push_sends_the_dequantised_base(server, tokenizer, model_dir, prompt_ids):
+    """A 4-bit base with a LoRA adapter: the metadata and the tensors sent are the dense weights (the checkpoint's
+    shapes and dtype), and the server then generates what the QLoRA policy does."""
+    pytest.importorskip("bitsandbytes")
+    peft = pytest.importorskip("peft")
+    from transformers import BitsAndBytesConfig
+
+    from grpokit.models import load_policy, prepare_quantized
+
+    eos = [tokenizer.eos_token_id]
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    model = load_policy(model_dir, {"dtype": "float32"}, False, quantization)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(model, config)
+    prepare_quantized(model)
+    for name, param in model.named_parameters():
+        if ".lora_" in name:  # float32: the engine then matches the policy to float32 rounding
+            param.data = param.data.float()
+    model.eval()
+    reference = _hf_greedy(model, prompt_ids, eos)
+    generator = _generator(server, tokenizer, model_dir)
+    try:
+        generator.sync_weights(model)
+        _assert_matches(generator.generate(_repeat(prompt_ids)), reference)
+    finally:
+        generator.sync_weights(_hf_model(model_dir))  # leave the server as it started
+        generator.close()
+
+
 @pytest.mark.parametrize(
     "method, path",
     [("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/update_weights")],

@@ -188,6 +188,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             args=training_args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
+            quantization_config=_quantization_config(model_args),
             peft_config=_peft_config(model_args),
             **agent_arguments,
         )
@@ -365,18 +366,26 @@ def _finish_model_kwargs(training_args, model_args) -> None:
         "attn_implementation": model_args.attn_implementation,
         "dtype": model_args.dtype,
     }
-    if model_args.load_in_4bit or model_args.load_in_8bit:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_8bit=model_args.load_in_8bit,
-            load_in_4bit=model_args.load_in_4bit,
-            bnb_4bit_quant_type=model_args.bnb_4bit_quant_type,
-            bnb_4bit_use_double_quant=model_args.use_bnb_nested_quant,
-            bnb_4bit_quant_storage=model_args.bnb_4bit_quant_storage,
-        )
     kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _quantization_config(model_args):
+    """load_in_4bit / load_in_8bit as a `BitsAndBytesConfig` for GRPOTrainer's quantization_config, as TRL's
+    get_quantization_config builds it: 4-bit computes in the load dtype (float32 for 'auto' or unset)."""
+    if not (model_args.load_in_4bit or model_args.load_in_8bit):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if model_args.load_in_8bit:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_compute_dtype=model_args.dtype if model_args.dtype in ("bfloat16", "float16", "float32") else None,
+        bnb_4bit_quant_type=model_args.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=model_args.use_bnb_nested_quant,
+        bnb_4bit_quant_storage=model_args.bnb_4bit_quant_storage,
+    )
 
 
 def _peft_config(model_args):

@@ -45,10 +45,18 @@ class ModelConfig:
     use_dora: bool = field(
         default=False, metadata={"help": "Weight-decomposed LoRA (DoRA): adapt magnitude and direction apart."}
     )
-    load_in_8bit: bool = field(default=False, metadata={"help": "Load the base model 8-bit quantised (bitsandbytes)."})
-    load_in_4bit: bool = field(default=False, metadata={"help": "Load the base model 4-bit quantised (bitsandbytes)."})
+    load_in_8bit: bool = field(
+        default=False,
+        metadata={"help": "Load the base model 8-bit quantised (bitsandbytes) and train LoRA on it; needs use_peft."},
+    )
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={
+            "help": "Load the base model 4-bit quantised (bitsandbytes) and train LoRA on it (QLoRA); needs use_peft."
+        },
+    )
     bnb_4bit_quant_type: Literal["fp4", "nf4"] = field(
-        default="nf4", metadata={"help": "4-bit quantisation data type."}
+        default="nf4", metadata={"help": "4-bit quantisation data type (with load_in_4bit)."}
     )
     use_bnb_nested_quant: bool = field(
         default=False, metadata={"help": "Quantise the 4-bit quantisation constants too (double quantisation)."}

@@ -74,7 +74,7 @@ def hardware_problems(values) -> list[str]:
     if values.get("use_peft") and not installed("peft"):
         problems.append("use_peft=True: peft is not installed (pip install 'grpokit[peft]')")
     if (values.get("load_in_4bit") or values.get("load_in_8bit")) and not installed("bitsandbytes"):
-        problems.append("load_in_4bit/load_in_8bit: bitsandbytes is not installed")
+        problems.append("load_in_4bit/load_in_8bit: bitsandbytes is not installed (pip install 'grpokit[qlora]')")
     problems += _integration_problems(values)
     return problems
 

@@ -34,6 +34,7 @@ from .rules import (
     check_geometry,
     num_processes_from_env,
     process_count_note,
+    quantization_warnings,
 )
 from .script_args import DatasetConfig, GRPOScriptArguments
 from .suggest import closest
@@ -232,6 +233,7 @@ class Resolver:
         _coerce_into(raw, owners, values, sources, report)
         register(*(value for key, value in values.items() if is_secret_field(key)))  # redacted from logs from now on
         problems = self._rules(values, processes)
+        report.warnings += quantization_warnings(values)
         noted = [p for p in problems if p.processes] if planning and geometry_notes and not processes_given else []
         report.problems += [p for p in problems if p not in noted]
         report.raise_if_any(sources)

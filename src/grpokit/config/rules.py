@@ -288,6 +288,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
     problems += reference_problems(values)
     if get("load_in_8bit") and get("load_in_4bit"):
         problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))
+    problems += _quantization_problems(values)
     return problems
 
 
@@ -300,6 +301,42 @@ def _dynamic_sampling_problems(values: dict[str, Any], defaults: dict[str, Any])
         for name in ("dynamic_sampling_min_reward_std", "dynamic_sampling_max_rounds")
         if name in values and name in defaults and values[name] != defaults[name]
     ]
+
+
+def _quantization_problems(values: dict[str, Any]) -> list[Problem]:
+    """QLoRA's rules where ModelConfig's fields are among the values (the command's configuration): a quantised base
+    trains only with LoRA adapters, and the quantisation is given in one place, as TRL refuses it."""
+    get = values.get
+    kwargs = get("model_init_kwargs")
+    in_kwargs = isinstance(kwargs, dict) and kwargs.get("quantization_config") is not None
+    flag = "load_in_4bit" if get("load_in_4bit") else "load_in_8bit" if get("load_in_8bit") else None
+    problems = []
+    if flag and in_kwargs:
+        problems.append(
+            Problem(flag, "model_init_kwargs sets quantization_config too; set the quantisation in one place", True)
+        )
+    if "use_peft" in values and not get("use_peft") and (flag or in_kwargs):
+        problems.append(
+            Problem(
+                flag or "model_init_kwargs",
+                "a quantised base model cannot be trained in full (its weights are frozen integers)",
+                True if flag else kwargs,
+                "set use_peft: true to train LoRA adapters on it (QLoRA)",
+            )
+        )
+    return problems
+
+
+def quantization_warnings(values: dict[str, Any]) -> list[str]:
+    """The 4-bit options set where they have no effect (without load_in_4bit), so that none is a silent no-op."""
+    if values.get("load_in_4bit") or "load_in_4bit" not in values:
+        return []
+    set_ = {
+        "bnb_4bit_quant_type": values.get("bnb_4bit_quant_type") not in (None, "nf4"),
+        "use_bnb_nested_quant": bool(values.get("use_bnb_nested_quant")),
+        "bnb_4bit_quant_storage": values.get("bnb_4bit_quant_storage") is not None,
+    }
+    return [f"{name}={values[name]!r} has no effect without load_in_4bit: true" for name, on in set_.items() if on]
 
 
 def reference_problems(values: dict[str, Any]) -> list[Problem]:

@@ -88,20 +88,35 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """`(vLLM name, tensor)` for every weight of the policy, detached; with a LoRA adapter, the merged weights.
 
     A LoRA layer's weight is computed as `base + delta` into a new tensor (`get_delta_weight` of each active
-    adapter), so neither the base weights nor the adapter are touched: training goes on exactly as without vLLM.
+    adapter), so neither the base weights nor the adapter are touched: training goes on exactly as without vLLM. A
+    quantised base (QLoRA) is pushed dequantised, in the dtype of the model's other weights: vLLM samples from the
+    very policy the trainer scores (its quantised base plus the adapter), not from the checkpoint it started from.
     """
+    from grpokit.models import dequantized
+
     deltas = _lora_deltas(model)
+    quantized_dtype = dense_dtype(model)
     seen = set()
-    for name, tensor in model.named_parameters():
+    for name, param in model.named_parameters():
         target = vllm_name(name)
         if target is None or target in seen:
             continue
         seen.add(target)
-        tensor = tensor.detach()
+        tensor = dequantized(param, quantized_dtype)
+        tensor = param.detach() if tensor is None else tensor
         module_name = name.rsplit(".base_layer.", 1)[0] if ".base_layer." in name else None
         if module_name in deltas and name.endswith(".weight"):
             tensor = tensor + deltas[module_name].to(tensor.dtype)
         yield target, tensor
+
+
+def dense_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the policy's first floating-point weight that vLLM holds (the embeddings): the dtype a quantised
+    weight is pushed in."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and vllm_name(name) is not None:
+            return param.dtype
+    return torch.float32
 
 
 def _lora_deltas(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -33,7 +33,7 @@ from ..dist import LOCAL, Collective
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
 from .vllm_auth import auth_headers
-from .vllm_common import LOGPROBS_MODE, local_address_towards, policy_weights, vllm_name
+from .vllm_common import LOGPROBS_MODE, dense_dtype, local_address_towards, policy_weights, vllm_name
 
 SERVE_HINT = "grpokit vllm-serve MODEL"
 _DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
@@ -423,13 +423,16 @@ def _PolicySource(model):  # noqa: N802 - a class built on first use, so vLLM is
             self.model = model
 
         def metadata(self) -> list:
-            metas, seen = [], set()
+            from grpokit.models import QUANTIZED_PARAMS, dense_shape
+
+            metas, seen, quantized_dtype = [], set(), dense_dtype(self.model)
             for name, param in self.model.named_parameters():
                 target = vllm_name(name)
                 if target is None or target in seen:
                     continue
                 seen.add(target)
-                metas.append(ParamMeta(target, param.dtype, tuple(param.shape)))
+                dtype = quantized_dtype if type(param).__name__ in QUANTIZED_PARAMS else param.dtype
+                metas.append(ParamMeta(target, dtype, dense_shape(param)))
             return metas
 
         def __iter__(self) -> Iterator:
