@@ -40,6 +40,7 @@ from .generation import build_generator
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .records import recorder as records
+from .rollout.correction import LossStepCorrection, correction_in_loss_step
 from .rollout.report import CompletionLog
 from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
@@ -178,6 +179,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._entropy_control = EntropyCoefficient.from_config(args)
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
+        self._loss_step_correction = LossStepCorrection(self._dist)  # vLLM's IS correction when on-policy
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
         # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
@@ -291,6 +293,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = self._start_agent_batch(rows)  # environments reset with their rows (may extend the prompts)
+        self._loss_step_correction.reset()  # a new round: the loss step's correction starts over
         rollout = produce_rollout(
             rows,
             tokenizer=self.processing_class,
@@ -315,9 +318,11 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         return rollout
 
     def _needs_old_logps(self, settings: RolloutSettings, mode: str) -> bool:
-        """Old log-probabilities are scored after generation when updates are off-policy, and with vLLM's
-        importance-sampling correction (which compares them with vLLM's own), as TRL does."""
-        return settings.importance_sampling_mode is not None or (mode == "train" and self._off_policy())
+        """Old log-probabilities are scored after generation when updates are off-policy, and for vLLM's
+        importance-sampling correction unless the loss step computes it from the training forward (on-policy)."""
+        off_policy = mode == "train" and self._off_policy()
+        in_loss = correction_in_loss_step(mode, off_policy, self.args.num_iterations, self.model)
+        return off_policy or (settings.importance_sampling_mode is not None and not in_loss)
 
     def _off_policy(self) -> bool:
         """Whether the weights can change between generating a batch and training on it: when its micro-steps do
@@ -400,6 +405,11 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         splits = args.steps_per_generation if mode == "train" else 1
         num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
+        sampling_ratio = inputs.get("importance_sampling_ratio")
+        if sampling_ratio is None and old_logps is None:  # on-policy: vLLM's correction from this forward, if on
+            sampling_ratio = self._loss_step_correction(
+                logps, inputs, mask, self._rollout_settings(mode), parts=splits, metrics=self._metrics[mode]
+            )
         result = policy_loss(
             logps,
             old_logps,
@@ -410,7 +420,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             num_items_in_batch=num_items,
             off_policy_mask=off_policy_keep,
             entropy_mask=entropy_keep,
-            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+            importance_sampling_ratio=sampling_ratio,
         )
         # The diagnostics read the ratio and KL the loss computed (detached), not a second copy of them.
         self._metrics[mode]["entropy"].append(self._metrics.global_mean(entropies.detach(), mask))
