@@ -116,6 +116,46 @@ def test_lora_pushes_merged_weights_and_leaves_the_adapter_alone(generator, mode
     assert generator.generate(PROMPTS).completion_ids != [hf_greedy(plain, p) for p in PROMPTS]
 
 
+def test_a_group_is_one_request_with_n_and_samples_what_its_copies_would(generator, model_dir, monkeypatch):
+    """Each run of equal consecutive prompts (a group) goes to vLLM once with n = its size: same completions in the
+    same order, and the same sampled tokens and logprobs as sending the copies (same engine random state); with a
+    per-request seed the copies are sent as they are."""
+    import grpokit.generation.vllm_colocate as colocate
+
+    generator.sync_weights(load_policy(model_dir))
+    rows = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]] * 2 + [PROMPTS[0]]
+    sent = []
+    engine_generate = generator.llm.generate
+
+    def spy(prompts, params, **kwargs):
+        sent.append(
+            [(len(p["prompt_token_ids"]), getattr(params, "n", None) or [q.n for q in params]) for p in prompts]
+        )
+        return engine_generate(prompts, params, **kwargs)
+
+    monkeypatch.setattr(generator.llm, "generate", spy)
+    generator.sampling.update(temperature=1.0)
+    torch.manual_seed(11)
+    grouped = generator.generate(rows)
+    with monkeypatch.context() as m:
+        m.setattr(colocate, "_repeat_runs", lambda prompts: [(i, 1) for i in range(len(prompts))])
+        torch.manual_seed(11)
+        copies = generator.generate(rows)
+    assert [lengths for lengths, _ in sent[0]] == [5, 2, 140, 5]
+    assert [n for _, n in sent[0]] == [[3, 2, 2, 1]] * 4  # one list of SamplingParams, one per request
+    assert len(sent[1]) == len(rows)
+    assert grouped.completion_ids == copies.completion_ids
+    assert len(set(map(tuple, grouped.completion_ids[:3]))) > 1  # a group's samples differ
+    for a, b in zip(grouped.logprobs, copies.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+    generator.sampling.update(seed=5)
+    try:
+        generator.generate(rows)
+    finally:
+        generator.sampling.pop("seed")
+    assert len(sent[2]) == len(rows)
+
+
 def test_import_grpokit_does_not_import_vllm():
     code = "import sys, grpokit, grpokit.generation, grpokit.trainer, grpokit.cli; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

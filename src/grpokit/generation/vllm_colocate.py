@@ -140,7 +140,13 @@ class VLLMColocateGenerator:
     def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
         """Completions of every prompt. A vision-language model's prompt with images (`vision`, see
         `grpokit.vision.EnginePrompt`) goes to vLLM with its images and its placeholders unexpanded: vLLM expands
-        them with its own processor, and must arrive at the same prompt tokens as the trainer's processor."""
+        them with its own processor, and must arrive at the same prompt tokens as the trainer's processor.
+
+        Each run of consecutive equal text prompts (a group's num_generations copies) is one request with n = the
+        run's length: completions, their order and their logprobs are those of the copies; the engine's sampling
+        stream is the same (its children are scheduled in the copies' order). With a per-request `seed` in
+        generation_kwargs the copies are sent as they are: vLLM would give the n samples seeds seed + i (distinct
+        completions) where the copies, as in TRL, all sample with the same seed (identical completions)."""
         from vllm import SamplingParams
 
         engine = vision.engine_prompts if vision is not None else [None] * len(prompt_ids)
@@ -155,19 +161,25 @@ class VLLMColocateGenerator:
             from vllm.sampling_params import StructuredOutputsParams
 
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        runs = _repeat_runs(prompts) if kwargs.get("seed") is None and kwargs.get("n", 1) == 1 else None
+        requests = prompts if runs is None else [prompts[start] for start, _ in runs]
+        if runs is None:
+            params = SamplingParams(**kwargs)
+        else:
+            params = [SamplingParams(**{**kwargs, "n": count}) for _, count in runs]
         self._wake(None)
         try:
             outputs = self.llm.generate(
                 [
                     {"prompt_token_ids": ids, **({"multi_modal_data": {"image": pictures}} if pictures else {})}
-                    for _, ids, pictures in prompts
+                    for _, ids, pictures in requests
                 ],
-                SamplingParams(**kwargs),
+                params,
                 use_tqdm=False,
             )
         finally:
             self._sleep()
-        for i, (output, (expected, _, pictures)) in enumerate(zip(outputs, prompts, strict=True)):
+        for i, (output, (expected, _, pictures)) in enumerate(zip(outputs, requests, strict=True)):
             if pictures and list(output.prompt_token_ids) != expected:
                 raise GenerationError(
                     f"vLLM encoded image prompt {i} as {len(output.prompt_token_ids)} tokens where the trainer's "
@@ -176,7 +188,7 @@ class VLLMColocateGenerator:
                 )
         completions, logprobs = [], []
         for output in outputs:
-            for sample in output.outputs:  # n samples per prompt (n = 1 unless generation_kwargs says otherwise)
+            for sample in output.outputs:  # a run's n samples in order (n = 1 for a row of its own)
                 ids = cut_after_eos(list(sample.token_ids), self.eos_token_ids)
                 completions.append(ids)
                 logprobs.append(_sampled_logprobs(sample, len(ids)))
@@ -224,6 +236,19 @@ def _quiet_reload_log():
         yield
     finally:
         reload_logger.setLevel(level)
+
+
+def _repeat_runs(prompts: list[tuple]) -> list[tuple[int, int]]:
+    """(first index, length) of each run of consecutive equal text-only prompts (each prompt comes num_generations
+    times in a row): one vLLM request with n = the run's length per run, so the engine receives the prompt once,
+    where G requests with n = 1 would each carry it. Completions come back in the same order as for the copies."""
+    runs: list[tuple[int, int]] = []
+    for i, (_, ids, pictures) in enumerate(prompts):
+        if runs and not pictures and not prompts[i - 1][2] and ids == prompts[i - 1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
 def _sampled_logprobs(sample, length: int) -> list[float]:
