@@ -285,12 +285,15 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         args = self.args
         settings = self._rollout_settings(mode)
         if args.use_vllm and self._synced_step != self.state.global_step:
-            # The policy changed since the engine last got its weights (or it never did): push them once per round.
-            policy = self.accelerator.unwrap_model(self.model)
-            with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
-                self.generator.sync_weights(policy)
+            # The policy changed since the engine last got its weights (or it never did): push them once per round;
+            # not when every optimizer step since the last push was skipped (non-finite): the weights are the same.
+            guard = self._nan_guard
+            if guard is None or not guard.skipped_since(self._synced_step, self.state.global_step):
+                policy = self.accelerator.unwrap_model(self.model)
+                with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
+                    self.generator.sync_weights(policy)
+                self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
             self._synced_step = self.state.global_step
-            self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = self._start_agent_batch(rows)  # environments reset with their rows (may extend the prompts)
         self._loss_step_correction.reset()  # a new round: the loss step's correction starts over
