@@ -122,6 +122,8 @@ def test_a_group_is_one_request_with_n_and_samples_what_its_copies_would(generat
     per-request seed the copies are sent as they are."""
     import grpokit.generation.vllm_colocate as colocate
 
+    # KV blocks of 32 tokens on CPU (vLLM's default 128 would keep a 128-token prompt from being shared)
+    assert generator.llm.llm_engine.vllm_config.cache_config.block_size == 32
     generator.sync_weights(load_policy(model_dir))
     rows = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]] * 2 + [PROMPTS[0]]
     sent = []

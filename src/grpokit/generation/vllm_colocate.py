@@ -29,7 +29,7 @@ from grpokit.dist import LOCAL, Collective
 
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
-from .vllm_common import LOGPROBS_MODE, policy_weights, reprocess_tied_embeddings, require_vllm
+from .vllm_common import CPU_BLOCK_SIZE, LOGPROBS_MODE, policy_weights, reprocess_tied_embeddings, require_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class VLLMColocateGenerator:
             logprobs_mode=LOGPROBS_MODE,
             enforce_eager=not torch.cuda.is_available(),  # CPU: no graph capture to pay for
             max_num_batched_tokens=4096,  # as TRL: vLLM's memory profiler misjudges its much larger default
+            **_cpu_block_size(),
             trust_remote_code=trust_remote_code,
         )
         start = time.perf_counter()
@@ -236,6 +237,10 @@ def _quiet_reload_log():
         yield
     finally:
         reload_logger.setLevel(level)
+
+
+def _cpu_block_size() -> dict:
+    return {} if torch.cuda.is_available() else {"block_size": CPU_BLOCK_SIZE}
 
 
 def _repeat_runs(prompts: list[tuple]) -> list[tuple[int, int]]:

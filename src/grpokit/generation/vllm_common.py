@@ -19,6 +19,13 @@ logger = logging.getLogger(__name__)
 # of the distribution the token was drawn from; the trainer scores with logits divided by the temperature.
 LOGPROBS_MODE = "processed_logprobs"
 
+# KV block size on CPU. vLLM's CPU default is 128 tokens, and its prefix cache shares only whole blocks of a prompt
+# (not the one holding its last token): a group's G copies of a prompt under 129 tokens then share nothing and its
+# prefill runs G times. 32 (the smallest the CPU attention takes) shares all but the last partial block; measured on 2
+# cores (process CPU time, 2 prompts x 8 completions of 32 tokens, 4-layer 512-wide model): 128-token prompts
+# 0.76 -> 0.43 s per generate call, 6-token prompts 0.31 -> 0.28 s. GPUs keep vLLM's default (16).
+CPU_BLOCK_SIZE = 32
+
 
 def require_vllm() -> None:
     """Fail with one line naming the install command when vLLM cannot be imported."""
