@@ -14,7 +14,14 @@ forced to 32 tokens with `generation_kwargs={"min_new_tokens": 32}`):
     vocab   16-token prompts, a 32,768-word vocabulary (the LM head dominates memory)
     vllm    `long`'s model and prompts, generation by vLLM in colocate mode on both sides (`use_vllm=True,
             vllm_mode="colocate"`, fp32 engine, completions forced with `generation_kwargs={"min_tokens": 32}`);
-            needs vLLM and TRL in the same interpreter (`--trl-python` = this python), not in the default list
+            needs vLLM and TRL in the same interpreter (`--trl-python`: a python with vLLM and trl), not in the
+            default list
+    vllm-short  the same with `short`'s 6-token prompts (head dim 64, which vLLM's CPU attention takes)
+
+What the benchmark changes on TRL's side (vLLM workloads only; nothing else): `dtype="float32"` for its `vllm.LLM`
+(see `patch_trl_engine`: TRL passes none and vLLM's "auto" runs a float32 checkpoint in bfloat16 on CPU) and its
+weight push through vLLM's in-place reload (see `patch_trl_weight_sync`: TRL 1.16's per-parameter `load_weights`
+fails on vLLM's CPU build). Both only make TRL run in fp32 on this build; its generation, scoring and loss are its own.
 
 Every run is its own subprocess (so peak RSS is its own), with 2 torch threads. Runs alternate grpokit / TRL. Each
 run trains `warmup + steps` optimizer steps; the warm-up steps are dropped and the median of the others is kept,
@@ -78,6 +85,7 @@ WORKLOADS = {
     "long": Workload("long", prompt_tokens=128, vocab="char"),
     "vocab": Workload("vocab", prompt_tokens=16, vocab="word", hidden_size=256, num_heads=4),
     "vllm": Workload("vllm", prompt_tokens=128, vocab="char", vllm=True),
+    "vllm-short": Workload("vllm-short", prompt_tokens=6, vocab="char", vllm=True),
 }
 
 
@@ -211,6 +219,12 @@ class PhaseTimer:
         self.step_start = 0.0
         self.backward_end = 0.0
         self.completion_tokens = 0
+        self.completion_hashes: list[str] = []  # of each generation call's completion ids: same tokens both sides?
+
+    def note_completions(self, ids) -> None:
+        import hashlib
+
+        self.completion_hashes.append(hashlib.sha1(repr([list(map(int, c)) for c in ids]).encode()).hexdigest()[:12])
 
     def wrap(self, owner, attribute: str, phase: str | None, count_tokens=None, also: str | None = None):
         """Time `owner.attribute` calls into `phase` (None: into none of PHASES) and into `also` (a sub-phase)."""
@@ -312,7 +326,9 @@ def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
     import grpokit.trainer as module
 
     def count(out):  # a `Generated` (or, in older grpokit, the list of completion ids)
-        return sum(map(len, getattr(out, "completion_ids", out)))
+        ids = getattr(out, "completion_ids", out)
+        timer.note_completions(ids)
+        return sum(map(len, ids))
 
     timer.wrap(trainer.generator, "generate", "generation", count_tokens=count)
     if trainer.args.use_vllm:  # the weight push runs before the generate call, in the rollout
@@ -324,7 +340,11 @@ def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
 
 
 def instrument_trl(trainer, timer: PhaseTimer) -> None:
-    timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=lambda out: sum(map(len, out[0])))
+    def count(out):  # (completion_ids, logprobs)
+        timer.note_completions(out[0])
+        return sum(map(len, out[0]))
+
+    timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=count)
     if trainer.args.use_vllm:  # called inside `_generate_single_turn`: timed into generation already
         timer.wrap(trainer.vllm_generation, "sync_weights", None, also="weight_sync")
     timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprobs")
@@ -490,6 +510,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
         "flops": flops,
         "matmul_peak": peak_flops,
         "efficiency": flops / peak_flops / median["step"],
+        "completion_hashes": timer.completion_hashes,
         "vllm": vllm,
     }
 
@@ -557,6 +578,9 @@ def wait_until_idle(threshold: float = 0.1, quiet_seconds: int = 5, timeout: flo
     print("warning: the machine is still busy; timings will be noisy", file=sys.stderr)
 
 
+NO_WAIT = False  # --no-wait: a functional check on a busy machine (no idle wait, no reruns; timings meaningless)
+
+
 def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
     """Run this script as a worker subprocess; rerun it (up to `retries` times) when other processes took more
     than 5% of the machine's CPU meanwhile. The result carries that share as `contention`."""
@@ -574,8 +598,10 @@ def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    retries = 0 if NO_WAIT else retries
     for attempt in range(retries + 1):
-        wait_until_idle()
+        if not NO_WAIT:
+            wait_until_idle()
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
         start, busy = time.monotonic(), cpu_busy_seconds()
@@ -651,6 +677,30 @@ def print_table(results: dict) -> None:
     )
 
 
+def print_pairs(raw: list[dict]) -> dict:
+    """TRL / grpokit step time per alternating pair (a speedup: above 1 means grpokit is faster), its median and
+    spread, the peak-RSS ratio grpokit / TRL, and whether both sides sampled the same completions."""
+    out = {}
+    for workload in dict.fromkeys(r["workload"] for r in raw):
+        ours = [r for r in raw if r["workload"] == workload and r["side"] == "grpokit"]
+        theirs = [r for r in raw if r["workload"] == workload and r["side"] == "trl"]
+        if not ours or not theirs:
+            continue
+        pairs = list(zip(ours, theirs, strict=True))
+        speedups = [t["median"]["step"] / g["median"]["step"] for g, t in pairs]
+        rss = [g["peak_total_mb"] / t["peak_total_mb"] for g, t in pairs]
+        same = [g.get("completion_hashes") == t.get("completion_hashes") for g, t in pairs]
+        out[workload] = {"speedups": speedups, "rss_ratios": rss, "same_completions": same}
+        print(
+            f"{workload}: TRL / grpokit step time {statistics.median(speedups):.2f}x (pairs: "
+            + ", ".join(f"{x:.2f}" for x in speedups)
+            + f"; spread {min(speedups):.2f}-{max(speedups):.2f}); peak RSS grpokit / TRL "
+            f"{statistics.median(rss):.2f} (pairs: " + ", ".join(f"{x:.2f}" for x in rss) + "); same completions "
+            f"every generation call: {', '.join('yes' if x else 'no' for x in same)}"
+        )
+    return out
+
+
 def check_logprobs(trl_python: str, root: str) -> float:
     """grpokit's per-token log-probabilities (plain and shared-prefix passes) against TRL's, same model and ids, at
     temperature 0.7; returns the largest difference over active tokens. With 24-token prompts the shared-prefix pass
@@ -717,6 +767,9 @@ def main():
     parser.add_argument("--trl-python", default=sys.executable)
     parser.add_argument("--save", help="write every run's figures to this JSON file")
     parser.add_argument(
+        "--no-wait", action="store_true", help="do not wait for an idle machine nor rerun disturbed runs (checks only)"
+    )
+    parser.add_argument(
         "--ablations",
         default="",
         help="also run grpokit with each of these speedups off (comma-separated; 'all': "
@@ -732,6 +785,8 @@ def main():
     parser.add_argument("--logprobs-out", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     cli = parser.parse_args()
+    global NO_WAIT
+    NO_WAIT = cli.no_wait
 
     if cli.worker == "train":
         (name,) = cli.workloads.split(",")
@@ -767,9 +822,10 @@ def main():
                     raw.append(run)
             results[name] = {side: summarise(r) for side, r in runs.items()}
         print_table(results)
+        pairs = print_pairs(raw)
         if cli.save:
             with open(cli.save, "w") as f:
-                json.dump({"summary": results, "runs": raw}, f, indent=1)
+                json.dump({"summary": results, "pairs": pairs, "runs": raw}, f, indent=1)
 
 
 if __name__ == "__main__":
