@@ -92,7 +92,9 @@ WORKLOADS = {
 # ------------------------------------------------------------------------------------------------ FLOPs
 
 
-def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int) -> float:
+def step_flops(
+    config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int, *, parts: bool = False
+) -> float | tuple[float, float]:
     """Matmul FLOPs one GRPO step truly needs (2 FLOPs per multiply-add; norms, softmax, optimizer left out).
 
     With d = hidden size, L = layers, V = vocabulary, A = attention width (heads x head dim), P = prompt length,
@@ -108,7 +110,7 @@ def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, 
                      G x [P W + sum_{i=1..P} attn(i)] + G n x [C W + sum_{t=1..C} attn(P + t) + C lm_head]
 
     The prompt's last position yields the first completion token's logits in both generation and training (so
-    generation needs C - 1 decode steps and C LM-head rows per completion in all).
+    generation needs C - 1 decode steps and C LM-head rows per completion in all). `parts`: (generation, training).
     """
     d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -127,7 +129,7 @@ def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, 
     generation = groups * (prompt + lm_head) + groups * group_size * decode
     completion = completion_len * (body + lm_head) + sum(attn(prompt_len + t) for t in range(1, completion_len + 1))
     training = 3 * (groups * prompt + groups * group_size * completion)
-    return generation + training
+    return (generation, training) if parts else generation + training
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
