@@ -157,6 +157,7 @@ def worker(side: str, generation: str, work: str) -> dict:
     )
     if vllm:
         values.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+    values.update(json.loads(os.environ.get("GPU_VS_TRL_CONFIG", "{}")))  # e.g. {"use_cpu": true}: a CPU smoke test
     timer = bench_grpo.PhaseTimer()
     trainer = GRPOTrainer(
         model=model,

@@ -26,7 +26,7 @@ fi
 [ -x "$(command -v "$PYTHON")" ] || die "PYTHON=$PYTHON is not an executable"
 
 "$PYTHON" - <<'PY' || die "the environment is incomplete (the line above says what is missing)"
-import importlib, os, sys
+import importlib.util, os, sys
 missing = [m for m in ("torch", "transformers", "datasets", "trl", "vllm", "grpokit") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"gpu_vs_trl: missing in {sys.executable}: {', '.join(missing)}")
