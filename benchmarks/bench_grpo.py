@@ -292,7 +292,27 @@ ABLATIONS = {
     "prefix-attention": "the model's own attention in the shared-prefix training pass (prompt KV copied to the rows)",
     "few-rows-linear": "`nn.functional.linear` in decode steps (and no column step)",
     "shared-scoring": "the plain forward pass for log-probabilities (no shared prefix, no fused LM head)",
+    # vLLM workloads
+    "loss-step-correction": "vLLM's IS correction from TRL's separate no-grad pass after generation",
+    "cpu-block-size": "vLLM's default KV block size on CPU (128 tokens) instead of 32",
+    "n-per-group": "each prompt sent num_generations times with n=1 instead of once with n=num_generations",
 }
+
+
+def ablate_before(name: str) -> None:
+    """The ablations that must be in place before the trainer (and its engine) is built."""
+    if name == "cpu-block-size":
+        import grpokit.generation.vllm_colocate as colocate
+
+        colocate._cpu_block_size = lambda: {}
+    elif name == "loss-step-correction":
+        import grpokit.trainer as module
+
+        module.correction_in_loss_step = lambda *args, **kwargs: False
+    elif name == "n-per-group":
+        import grpokit.generation.vllm_colocate as colocate
+
+        colocate._repeat_runs = lambda prompts: [(i, 1) for i in range(len(prompts))]
 
 
 def ablate(trainer, name: str) -> None:
@@ -358,6 +378,8 @@ def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer:
         from grpokit import GRPOConfig, GRPOTrainer
     else:
         from trl import GRPOConfig, GRPOTrainer
+    if ablation:
+        ablate_before(ablation)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward_function(timer)],
@@ -430,6 +452,7 @@ def engine_settings(llm) -> dict:
         "compilation_mode": str(config.compilation_config.mode),
         "compilation_backend": str(config.compilation_config.backend),
         "prefix_caching": config.cache_config.enable_prefix_caching,
+        "block_size": config.cache_config.block_size,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": config.scheduler_config.max_num_seqs,
         "max_model_len": config.model_config.max_model_len,
