@@ -116,6 +116,40 @@ def test_lora_pushes_merged_weights_and_leaves_the_adapter_alone(generator, mode
     assert generator.generate(PROMPTS).completion_ids != [hf_greedy(plain, p) for p in PROMPTS]
 
 
+def test_later_pushes_of_a_model_send_only_the_layers_training_changes(generator, model_dir, monkeypatch):
+    """The first push of a model sends every weight; the next ones (same model object) only the engine layers its
+    trainable weights belong to (LoRA on q_proj and up_proj: fused qkv and gate_up, whole). The engine then computes
+    what the merged model computes, the untouched layers kept from before."""
+    peft = pytest.importorskip("peft")
+    import grpokit.generation.vllm_colocate as colocate
+
+    sent = []
+    original = colocate.policy_weights
+
+    def spy(model, only=None):
+        sent.append(only)
+        return original(model, only)
+
+    monkeypatch.setattr(colocate, "policy_weights", spy)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(load_policy(model_dir), config)
+    generator.sync_weights(model)
+    assert sent[-1] is None  # a model the engine has not held yet: everything
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.2)
+    generator.sync_weights(model)
+    assert sent[-1] is not None and {n.split(".")[-2] for n in sent[-1]} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "gate_proj",
+        "up_proj",
+    }
+    assert_engine_matches(generator, model)
+
+
 def test_a_group_is_one_request_with_n_and_samples_what_its_copies_would(generator, model_dir, monkeypatch):
     """Each run of equal consecutive prompts (a group) goes to vLLM once with n = its size: same completions in the
     same order, and the same sampled tokens and logprobs as sending the copies (same engine random state); with a

@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -29,7 +30,14 @@ from grpokit.dist import LOCAL, Collective
 
 from .base import Generated, GenerationError
 from .tokens import cut_after_eos
-from .vllm_common import CPU_BLOCK_SIZE, LOGPROBS_MODE, policy_weights, reprocess_tied_embeddings, require_vllm
+from .vllm_common import (
+    CPU_BLOCK_SIZE,
+    LOGPROBS_MODE,
+    policy_weights,
+    reprocess_tied_embeddings,
+    require_vllm,
+    trainable_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +94,7 @@ class VLLMColocateGenerator:
                 "the engine keeps its memory between rounds"
             )
         self.last_sync_seconds = 0.0
+        self._pushed = None  # (the model last pushed, its trainable weights then): later pushes of it are partial
         _check_head_size(model_path)
         from vllm import LLM
 
@@ -126,8 +135,15 @@ class VLLMColocateGenerator:
         start = time.perf_counter()
         self._wake(["weights"])
         runner = self._model_runner()
+        # After a first push of this model, only the layers training can change (trainable now or at the last push):
+        # frozen weights and LoRA's untouched base layers keep what the engine holds (vLLM's reload puts a layer that
+        # gets no weights back as it was). Everything for another model object, and after a sleep.
+        trainable = trainable_weights(model, getattr(runner.get_model(), "packed_modules_mapping", None) or {})
+        pushed = self._pushed
+        only = pushed[1] | trainable if pushed and pushed[0]() is model and not self.sleep_mode else None
         with _quiet_reload_log():  # it warns, each push, about layers with no weights of their own (rotary, tied head)
-            runner.reload_weights(weights_iterator=policy_weights(model), is_checkpoint_format=True)
+            runner.reload_weights(weights_iterator=policy_weights(model, only), is_checkpoint_format=True)
+        self._pushed = (weakref.ref(model), trainable)
         reprocess_tied_embeddings(runner.get_model())  # the CPU build's packed copy of a tied LM head
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self.last_sync_seconds = time.perf_counter() - start
@@ -230,13 +246,16 @@ class VLLMColocateGenerator:
 
 @contextlib.contextmanager
 def _quiet_reload_log():
-    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    level = reload_logger.level
-    reload_logger.setLevel(logging.ERROR)
+    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+    loggers = [logging.getLogger(name) for name in names]  # the second names the weights a partial push leaves
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        reload_logger.setLevel(level)
+        for each, level in zip(loggers, levels, strict=True):
+            each.setLevel(level)
 
 
 def _cpu_block_size() -> dict:

@@ -91,8 +91,9 @@ def vllm_name(name: str) -> str | None:
     return name
 
 
-def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(vLLM name, tensor)` for every weight of the policy, detached; with a LoRA adapter, the merged weights.
+def policy_weights(model: nn.Module, only: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(vLLM name, tensor)` for every weight of the policy (or those named in `only`), detached; with a LoRA
+    adapter, the merged weights.
 
     A LoRA layer's weight is computed as `base + delta` into a new tensor (`get_delta_weight` of each active
     adapter), so neither the base weights nor the adapter are touched: training goes on exactly as without vLLM.
@@ -101,7 +102,7 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     seen = set()
     for name, tensor in model.named_parameters():
         target = vllm_name(name)
-        if target is None or target in seen:
+        if target is None or target in seen or (only is not None and target not in only):
             continue
         seen.add(target)
         tensor = tensor.detach()
@@ -109,6 +110,33 @@ def policy_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if module_name in deltas and name.endswith(".weight"):
             tensor = tensor + deltas[module_name].to(tensor.dtype)
         yield target, tensor
+
+
+def trainable_weights(model: nn.Module, packed: dict[str, list[str]]) -> set[str]:
+    """vLLM names of the policy's weights that training can change (trainable ones; a LoRA layer's base weight when
+    its adapter is trainable, since it is pushed merged), widened to whole engine layers: `packed` maps a fused
+    engine layer to the checkpoint layers it packs (vLLM's `packed_modules_mapping`, e.g. `qkv_proj: [q_proj,
+    k_proj, v_proj]`), and a fused layer is reloaded from all its parts or not at all."""
+    part_of = {part: fused for fused, parts in packed.items() for part in parts}
+
+    def layer(target: str) -> str:
+        module = target.rsplit(".", 1)[0]
+        parent, _, last = module.rpartition(".")
+        return f"{parent}.{part_of[last]}" if last in part_of else module
+
+    adapted = {
+        name.split(".lora_", 1)[0] for name, p in model.named_parameters() if ".lora_" in name and p.requires_grad
+    }
+    targets, changing = {}, set()
+    for name, param in model.named_parameters():
+        target = vllm_name(name)
+        if target is None:
+            continue
+        targets[target] = layer(target)
+        base_of = name.split(".base_layer.", 1)[0] if ".base_layer." in name else None
+        if param.requires_grad or base_of in adapted:
+            changing.add(targets[target])
+    return {target for target, key in targets.items() if key in changing}
 
 
 def _lora_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
