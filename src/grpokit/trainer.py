@@ -409,8 +409,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         splits = args.steps_per_generation if mode == "train" else 1
         num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
         sampling_ratio = inputs.get("importance_sampling_ratio")
-        if sampling_ratio is None and old_logps is None:  # on-policy: vLLM's correction from this forward, if on
-            sampling_ratio = self._loss_step_correction(
+        if sampling_ratio is None and old_logps is None and inputs.get("sampling_logps") is not None:
+            sampling_ratio = self._loss_step_correction(  # on-policy vLLM rounds (rollout.correction)
                 logps, inputs, mask, self._rollout_settings(mode), parts=splits, metrics=self._metrics[mode]
             )
         result = policy_loss(
