@@ -296,6 +296,7 @@ ABLATIONS = {
     "loss-step-correction": "vLLM's IS correction from TRL's separate no-grad pass after generation",
     "cpu-block-size": "vLLM's default KV block size on CPU (128 tokens) instead of 32",
     "n-per-group": "each prompt sent num_generations times with n=1 instead of once with n=num_generations",
+    "compiled-engine": "vLLM's engine with enforce_eager (no compilation) instead of compiled",
 }
 
 
@@ -309,6 +310,11 @@ def ablate_before(name: str) -> None:
         import grpokit.trainer as module
 
         module.correction_in_loss_step = lambda *args, **kwargs: False
+    elif name == "compiled-engine":
+        from grpokit.generation.vllm_colocate import VLLMColocateGenerator as generator
+
+        init = generator.__init__
+        generator.__init__ = lambda self, **kwargs: init(self, **{**kwargs, "enforce_eager": True})
     elif name == "n-per-group":
         import grpokit.generation.vllm_colocate as colocate
 
