@@ -14,7 +14,14 @@ forced to 32 tokens with `generation_kwargs={"min_new_tokens": 32}`):
     vocab   16-token prompts, a 32,768-word vocabulary (the LM head dominates memory)
     vllm    `long`'s model and prompts, generation by vLLM in colocate mode on both sides (`use_vllm=True,
             vllm_mode="colocate"`, fp32 engine, completions forced with `generation_kwargs={"min_tokens": 32}`);
-            needs vLLM and TRL in the same interpreter (`--trl-python` = this python), not in the default list
+            needs vLLM and TRL in the same interpreter (`--trl-python`: a python with vLLM and trl), not in the
+            default list
+    vllm-short  the same with `short`'s 6-token prompts (head dim 64, which vLLM's CPU attention takes)
+
+What the benchmark changes on TRL's side (vLLM workloads only; nothing else): `dtype="float32"` for its `vllm.LLM`
+(see `patch_trl_engine`: TRL passes none and vLLM's "auto" runs a float32 checkpoint in bfloat16 on CPU) and its
+weight push through vLLM's in-place reload (see `patch_trl_weight_sync`: TRL 1.16's per-parameter `load_weights`
+fails on vLLM's CPU build). Both only make TRL run in fp32 on this build; its generation, scoring and loss are its own.
 
 Every run is its own subprocess (so peak RSS is its own), with 2 torch threads. Runs alternate grpokit / TRL. Each
 run trains `warmup + steps` optimizer steps; the warm-up steps are dropped and the median of the others is kept,
@@ -78,13 +85,16 @@ WORKLOADS = {
     "long": Workload("long", prompt_tokens=128, vocab="char"),
     "vocab": Workload("vocab", prompt_tokens=16, vocab="word", hidden_size=256, num_heads=4),
     "vllm": Workload("vllm", prompt_tokens=128, vocab="char", vllm=True),
+    "vllm-short": Workload("vllm-short", prompt_tokens=6, vocab="char", vllm=True),
 }
 
 
 # ------------------------------------------------------------------------------------------------ FLOPs
 
 
-def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int) -> float:
+def step_flops(
+    config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int, *, parts: bool = False
+) -> float | tuple[float, float]:
     """Matmul FLOPs one GRPO step truly needs (2 FLOPs per multiply-add; norms, softmax, optimizer left out).
 
     With d = hidden size, L = layers, V = vocabulary, A = attention width (heads x head dim), P = prompt length,
@@ -100,7 +110,7 @@ def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, 
                      G x [P W + sum_{i=1..P} attn(i)] + G n x [C W + sum_{t=1..C} attn(P + t) + C lm_head]
 
     The prompt's last position yields the first completion token's logits in both generation and training (so
-    generation needs C - 1 decode steps and C LM-head rows per completion in all).
+    generation needs C - 1 decode steps and C LM-head rows per completion in all). `parts`: (generation, training).
     """
     d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -119,7 +129,7 @@ def step_flops(config: dict, prompt_len: int, completion_len: int, groups: int, 
     generation = groups * (prompt + lm_head) + groups * group_size * decode
     completion = completion_len * (body + lm_head) + sum(attn(prompt_len + t) for t in range(1, completion_len + 1))
     training = 3 * (groups * prompt + groups * group_size * completion)
-    return generation + training
+    return (generation, training) if parts else generation + training
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
@@ -211,6 +221,12 @@ class PhaseTimer:
         self.step_start = 0.0
         self.backward_end = 0.0
         self.completion_tokens = 0
+        self.completion_hashes: list[str] = []  # of each generation call's completion ids: same tokens both sides?
+
+    def note_completions(self, ids) -> None:
+        import hashlib
+
+        self.completion_hashes.append(hashlib.sha1(repr([list(map(int, c)) for c in ids]).encode()).hexdigest()[:12])
 
     def wrap(self, owner, attribute: str, phase: str | None, count_tokens=None, also: str | None = None):
         """Time `owner.attribute` calls into `phase` (None: into none of PHASES) and into `also` (a sub-phase)."""
@@ -276,7 +292,33 @@ ABLATIONS = {
     "prefix-attention": "the model's own attention in the shared-prefix training pass (prompt KV copied to the rows)",
     "few-rows-linear": "`nn.functional.linear` in decode steps (and no column step)",
     "shared-scoring": "the plain forward pass for log-probabilities (no shared prefix, no fused LM head)",
+    # vLLM workloads
+    "loss-step-correction": "vLLM's IS correction from TRL's separate no-grad pass after generation",
+    "cpu-block-size": "vLLM's default KV block size on CPU (128 tokens) instead of 32",
+    "n-per-group": "each prompt sent num_generations times with n=1 instead of once with n=num_generations",
+    "compiled-engine": "vLLM's engine with enforce_eager (no compilation) instead of compiled",
 }
+
+
+def ablate_before(name: str) -> None:
+    """The ablations that must be in place before the trainer (and its engine) is built."""
+    if name == "cpu-block-size":
+        import grpokit.generation.vllm_colocate as colocate
+
+        colocate._cpu_block_size = lambda: {}
+    elif name == "loss-step-correction":
+        import grpokit.trainer as module
+
+        module.correction_in_loss_step = lambda *args, **kwargs: False
+    elif name == "compiled-engine":
+        from grpokit.generation.vllm_colocate import VLLMColocateGenerator as generator
+
+        init = generator.__init__
+        generator.__init__ = lambda self, **kwargs: init(self, **{**kwargs, "enforce_eager": True})
+    elif name == "n-per-group":
+        import grpokit.generation.vllm_colocate as colocate
+
+        colocate._repeat_runs = lambda prompts: [(i, 1) for i in range(len(prompts))]
 
 
 def ablate(trainer, name: str) -> None:
@@ -312,7 +354,9 @@ def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
     import grpokit.trainer as module
 
     def count(out):  # a `Generated` (or, in older grpokit, the list of completion ids)
-        return sum(map(len, getattr(out, "completion_ids", out)))
+        ids = getattr(out, "completion_ids", out)
+        timer.note_completions(ids)
+        return sum(map(len, ids))
 
     timer.wrap(trainer.generator, "generate", "generation", count_tokens=count)
     if trainer.args.use_vllm:  # the weight push runs before the generate call, in the rollout
@@ -324,7 +368,11 @@ def instrument_grpokit(trainer, timer: PhaseTimer) -> None:
 
 
 def instrument_trl(trainer, timer: PhaseTimer) -> None:
-    timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=lambda out: sum(map(len, out[0])))
+    def count(out):  # (completion_ids, logprobs)
+        timer.note_completions(out[0])
+        return sum(map(len, out[0]))
+
+    timer.wrap(trainer, "_generate_single_turn", "generation", count_tokens=count)
     if trainer.args.use_vllm:  # called inside `_generate_single_turn`: timed into generation already
         timer.wrap(trainer.vllm_generation, "sync_weights", None, also="weight_sync")
     timer.wrap(trainer, "_get_per_token_logps_and_entropies", "logprobs")
@@ -336,6 +384,8 @@ def make_trainer(side: str, model, tokenizer, dataset, args_values: dict, timer:
         from grpokit import GRPOConfig, GRPOTrainer
     else:
         from trl import GRPOConfig, GRPOTrainer
+    if ablation:
+        ablate_before(ablation)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward_function(timer)],
@@ -408,6 +458,7 @@ def engine_settings(llm) -> dict:
         "compilation_mode": str(config.compilation_config.mode),
         "compilation_backend": str(config.compilation_config.backend),
         "prefix_caching": config.cache_config.enable_prefix_caching,
+        "block_size": config.cache_config.block_size,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": config.scheduler_config.max_num_seqs,
         "max_model_len": config.model_config.max_model_len,
@@ -490,6 +541,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
         "flops": flops,
         "matmul_peak": peak_flops,
         "efficiency": flops / peak_flops / median["step"],
+        "completion_hashes": timer.completion_hashes,
         "vllm": vllm,
     }
 
@@ -557,6 +609,9 @@ def wait_until_idle(threshold: float = 0.1, quiet_seconds: int = 5, timeout: flo
     print("warning: the machine is still busy; timings will be noisy", file=sys.stderr)
 
 
+NO_WAIT = False  # --no-wait: a functional check on a busy machine (no idle wait, no reruns; timings meaningless)
+
+
 def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
     """Run this script as a worker subprocess; rerun it (up to `retries` times) when other processes took more
     than 5% of the machine's CPU meanwhile. The result carries that share as `contention`."""
@@ -574,8 +629,10 @@ def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    retries = 0 if NO_WAIT else retries
     for attempt in range(retries + 1):
-        wait_until_idle()
+        if not NO_WAIT:
+            wait_until_idle()
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
         start, busy = time.monotonic(), cpu_busy_seconds()
@@ -651,6 +708,30 @@ def print_table(results: dict) -> None:
     )
 
 
+def print_pairs(raw: list[dict]) -> dict:
+    """TRL / grpokit step time per alternating pair (a speedup: above 1 means grpokit is faster), its median and
+    spread, the peak-RSS ratio grpokit / TRL, and whether both sides sampled the same completions."""
+    out = {}
+    for workload in dict.fromkeys(r["workload"] for r in raw):
+        ours = [r for r in raw if r["workload"] == workload and r["side"] == "grpokit"]
+        theirs = [r for r in raw if r["workload"] == workload and r["side"] == "trl"]
+        if not ours or not theirs:
+            continue
+        pairs = list(zip(ours, theirs, strict=True))
+        speedups = [t["median"]["step"] / g["median"]["step"] for g, t in pairs]
+        rss = [g["peak_total_mb"] / t["peak_total_mb"] for g, t in pairs]
+        same = [g.get("completion_hashes") == t.get("completion_hashes") for g, t in pairs]
+        out[workload] = {"speedups": speedups, "rss_ratios": rss, "same_completions": same}
+        print(
+            f"{workload}: TRL / grpokit step time {statistics.median(speedups):.2f}x (pairs: "
+            + ", ".join(f"{x:.2f}" for x in speedups)
+            + f"; spread {min(speedups):.2f}-{max(speedups):.2f}); peak RSS grpokit / TRL "
+            f"{statistics.median(rss):.2f} (pairs: " + ", ".join(f"{x:.2f}" for x in rss) + "); same completions "
+            f"every generation call: {', '.join('yes' if x else 'no' for x in same)}"
+        )
+    return out
+
+
 def check_logprobs(trl_python: str, root: str) -> float:
     """grpokit's per-token log-probabilities (plain and shared-prefix passes) against TRL's, same model and ids, at
     temperature 0.7; returns the largest difference over active tokens. With 24-token prompts the shared-prefix pass
@@ -717,6 +798,9 @@ def main():
     parser.add_argument("--trl-python", default=sys.executable)
     parser.add_argument("--save", help="write every run's figures to this JSON file")
     parser.add_argument(
+        "--no-wait", action="store_true", help="do not wait for an idle machine nor rerun disturbed runs (checks only)"
+    )
+    parser.add_argument(
         "--ablations",
         default="",
         help="also run grpokit with each of these speedups off (comma-separated; 'all': "
@@ -732,6 +816,8 @@ def main():
     parser.add_argument("--logprobs-out", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     cli = parser.parse_args()
+    global NO_WAIT
+    NO_WAIT = cli.no_wait
 
     if cli.worker == "train":
         (name,) = cli.workloads.split(",")
@@ -767,9 +853,10 @@ def main():
                     raw.append(run)
             results[name] = {side: summarise(r) for side, r in runs.items()}
         print_table(results)
+        pairs = print_pairs(raw)
         if cli.save:
             with open(cli.save, "w") as f:
-                json.dump({"summary": results, "runs": raw}, f, indent=1)
+                json.dump({"summary": results, "pairs": pairs, "runs": raw}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,11 @@ class NaNGuard:
             raise NonFiniteTrainingError(self.limit, self.first_in_row, step, what)
         return self.in_a_row
 
+    def skipped_since(self, step: int | None, now: int) -> bool:
+        """Whether every optimizer step after `step` (None: before the first) up to `now` was skipped here, so the
+        weights are still those of step `step` (a skip leaves every parameter untouched)."""
+        return step is not None and 0 < now - step <= self.in_a_row
+
     def take_skipped(self) -> int:
         """Steps skipped since the last call (one log row's worth)."""
         count, self.skipped_since_log = self.skipped_since_log, 0

@@ -41,13 +41,14 @@ from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .records import recorder as records
 from .rollout import dynamic
+from .rollout.correction import LossStepCorrection, correction_in_loss_step
 from .rollout.report import CompletionLog
 from .rollout.rewards import UnscorableRounds, build_reward_functions
 from .rollout.rollout import RolloutSettings, produce_rollout
 from .rollout.sampler import RepeatSampler
 from .scoring import score_tokens
 from .startup import check_before_loading, refuse_unknown_arguments
-from .trl_compat import TRLCompatMixin
+from .trl_compat import SyncRefModelCallback, TRLCompatMixin
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._warn_as_trl(args)
         self._place_auxiliary_models()
         if args.sync_ref_model:
-            self.add_callback(_SyncReferenceCallback(self))
+            self.add_callback(SyncRefModelCallback(self))
         records.attach(self)  # metrics.jsonl, resolved_config.yaml, reward_curve.png; progress_lines
         if self.accelerator.device.type == "cpu":  # nothing to pin memory for (torch warns when asked to)
             self.args.dataloader_pin_memory = False
@@ -184,18 +185,15 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._entropy_control = EntropyCoefficient.from_config(args)
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
         self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
+        self._loss_step_correction = LossStepCorrection(self._dist)  # vLLM's IS correction when on-policy
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
         self._dynamic_sampling = None  # DAPO's dynamic sampling: see grpokit.rollout.dynamic
         if args.dynamic_sampling:
+            collate = self._get_collator_with_removed_columns(identity, "training")  # the dataloader's columns
+            pad_id, settings = vision.tokenizer_of(self.processing_class).pad_token_id, self._rollout_settings("train")
             self._dynamic_sampling = dynamic.build(
-                args,
-                self.train_dataset,
-                self._rollout_settings("train"),
-                dist=self._dist,
-                pad_token_id=vision.tokenizer_of(self.processing_class).pad_token_id,
-                collate=self._get_collator_with_removed_columns(identity, "training"),  # the dataloader's columns
-                warn=warn,
+                args, self.train_dataset, settings, dist=self._dist, pad_token_id=pad_id, collate=collate, warn=warn
             )
         # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
         # hook could skip it: there the guard is off (save_model still refuses non-finite weights).
@@ -306,14 +304,18 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         args = self.args
         settings = self._rollout_settings(mode)
         if args.use_vllm and self._synced_step != self.state.global_step:
-            # The policy changed since the engine last got its weights (or it never did): push them once per round.
-            policy = self.accelerator.unwrap_model(self.model)
-            with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
-                self.generator.sync_weights(policy)
+            # The policy changed since the engine last got its weights (or it never did): push them once per round;
+            # not when every optimizer step since the last push was skipped (non-finite): the weights are the same.
+            guard = self._nan_guard
+            if guard is None or not guard.skipped_since(self._synced_step, self.state.global_step):
+                policy = self.accelerator.unwrap_model(self.model)
+                with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
+                    self.generator.sync_weights(policy)
+                self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
             self._synced_step = self.state.global_step
-            self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = self._start_agent_batch(rows)  # environments reset with their rows (may extend the prompts)
+        self._loss_step_correction.reset()  # a new round: the loss step's correction starts over
         rollout = produce_rollout(
             rows,
             tokenizer=self.processing_class,
@@ -338,9 +340,11 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         return rollout
 
     def _needs_old_logps(self, settings: RolloutSettings, mode: str) -> bool:
-        """Old log-probabilities are scored after generation when updates are off-policy, and with vLLM's
-        importance-sampling correction (which compares them with vLLM's own), as TRL does."""
-        return settings.importance_sampling_mode is not None or (mode == "train" and self._off_policy())
+        """Old log-probabilities are scored after generation when updates are off-policy, and for vLLM's
+        importance-sampling correction unless the loss step computes it from the training forward (on-policy)."""
+        off_policy = mode == "train" and self._off_policy()
+        in_loss = correction_in_loss_step(mode, off_policy, self.args.num_iterations, self.model)
+        return off_policy or (settings.importance_sampling_mode is not None and not in_loss)
 
     def _off_policy(self) -> bool:
         """Whether the weights can change between generating a batch and training on it: when its micro-steps do
@@ -423,6 +427,11 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         splits = args.steps_per_generation if mode == "train" else 1
         num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
+        sampling_ratio = inputs.get("importance_sampling_ratio")
+        if sampling_ratio is None and old_logps is None and inputs.get("sampling_logps") is not None:
+            sampling_ratio = self._loss_step_correction(  # on-policy vLLM rounds (rollout.correction)
+                logps, inputs, mask, self._rollout_settings(mode), parts=splits, metrics=self._metrics[mode]
+            )
         result = policy_loss(
             logps,
             old_logps,
@@ -433,7 +442,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             num_items_in_batch=num_items,
             off_policy_mask=off_policy_keep,
             entropy_mask=entropy_keep,
-            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+            importance_sampling_ratio=sampling_ratio,
         )
         # The diagnostics read the ratio and KL the loss computed (detached), not a second copy of them.
         self._metrics[mode]["entropy"].append(self._metrics.global_mean(entropies.detach(), mask))
@@ -580,20 +589,6 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-
-
-class _SyncReferenceCallback(TrainerCallback):
-    """Every `ref_model_sync_steps` optimizer steps: ref <- alpha * policy + (1 - alpha) * ref."""
-
-    def __init__(self, trainer: GRPOTrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps == 0:
-            trainer = self.trainer
-            policy = trainer.accelerator.unwrap_model(trainer.model)
-            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
-            sharding.copy_weights(reference, policy, args.ref_model_mixup_alpha)
 
 
 def _as_list(value) -> list:

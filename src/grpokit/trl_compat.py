@@ -15,7 +15,9 @@ import json
 import logging
 
 import torch
+from transformers import TrainerCallback
 
+from . import sharding
 from .agents import Agent, EnvironmentProblem, TemplateError, ToolError
 from .algorithms import off_policy_mask
 from .algorithms.entropy_control import high_entropy_mask
@@ -338,3 +340,18 @@ def _streamed(args, train_dataset):
         )
         args.dataloader_num_workers = 0
     return train_dataset
+
+
+class SyncRefModelCallback(TrainerCallback):
+    """TRL's reference-model sync (`sync_ref_model`): every `ref_model_sync_steps` optimizer steps,
+    `ref <- alpha * policy + (1 - alpha) * ref` with `alpha = ref_model_mixup_alpha` (TRL-DPO's soft update)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps == 0:
+            trainer = self.trainer
+            policy = trainer.accelerator.unwrap_model(trainer.model)
+            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+            sharding.copy_weights(reference, policy, args.ref_model_mixup_alpha)

@@ -89,3 +89,33 @@ def test_lora_weights_are_merged_without_touching_the_model(tiny_model):
     k_proj = model.base_model.model.model.layers[0].self_attn.k_proj.weight  # not adapted: as it is
     assert torch.equal(pushed["model.layers.0.self_attn.k_proj.weight"], k_proj)
     assert len(pushed) == len(list(tiny_model.named_parameters())) - 2 * 2  # every base weight once, no lora_A/B
+
+
+QWEN2_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+def test_trainable_weights_are_whole_engine_layers(tiny_model):
+    """Full fine-tuning: every weight. A frozen embedding (tied LM head) and frozen norms: left out. LoRA on q_proj
+    and up_proj: the fused q/k/v and gate/up layers whole (their engine layers reload from every part), nothing else;
+    without a packing map each part stands alone."""
+    peft = pytest.importorskip("peft")
+    from grpokit.generation.vllm_common import trainable_weights
+
+    every = {name for name, _ in policy_weights(tiny_model)}
+    assert trainable_weights(tiny_model, QWEN2_PACKED) == every
+    for name, param in tiny_model.named_parameters():
+        param.requires_grad_("norm" not in name and "embed" not in name)
+    assert trainable_weights(tiny_model, QWEN2_PACKED) == {n for n in every if "norm" not in n and "embed" not in n}
+    config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "up_proj"])
+    lora = peft.get_peft_model(tiny_model, config)
+    expected = {
+        f"model.layers.{i}.{part}.{leaf}"
+        for i in range(tiny_model.config.num_hidden_layers)
+        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+        for leaf in ("weight", "bias")
+    } & every
+    assert trainable_weights(lora, QWEN2_PACKED) == expected
+    assert (
+        "model.layers.0.self_attn.o_proj.weight" not in expected and "model.layers.0.mlp.gate_proj.weight" in expected
+    )
+    assert {n for n in trainable_weights(lora, {}) if "gate" in n or "k_proj" in n} == set()  # no fusing: parts alone

@@ -212,3 +212,30 @@ def test_under_a_grad_scaler_only_the_scaler_skips_overflows():
     assert step(lambda loss: loss) == (None, 64.0, 1)  # an overflow: the scaler's business, not counted
     overflow["on"] = False
     assert step(lambda loss: loss) == (None, 64.0, 2)
+
+
+def test_no_weight_push_after_skipped_steps(tiny_model, tiny_tokenizer, dataset, make_args):
+    """With a vLLM-style backend the policy is pushed at each round whose weights changed: after steps 2 and 3 were
+    skipped (non-finite), the engine still holds step 1's weights: the rounds of steps 3 and 4 push nothing; step 5's does."""
+    trainer, snap = make_trainer(tiny_model, tiny_tokenizer, dataset, make_args, max_steps=5)
+    pushed = []
+
+    class Engine:
+        last_sync_seconds = 0.0
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def generate(self, prompt_ids):
+            return self.inner.generate(prompt_ids)
+
+        def sync_weights(self, model):
+            pushed.append((trainer.state.global_step, {n: p.detach().clone() for n, p in model.named_parameters()}))
+
+    trainer.generator = Engine(trainer.generator)
+    trainer.args.use_vllm = True  # the push logic only; generation stays transformers'
+    poison(trainer, "loss", {2, 3})
+    trainer.train()
+    assert [step for step, _ in pushed] == [0, 1, 4]  # rounds at steps 2 and 3 (after skips) push nothing
+    assert same(pushed[1][1], snap.weights[1]) and same(snap.weights[3], snap.weights[1])
+    assert same(pushed[2][1], snap.weights[4]) and not same(snap.weights[4], snap.weights[1])

@@ -33,6 +33,7 @@ def model_dir(tmp_path_factory):
 def generator(model_dir):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return VLLMColocateGenerator(
+        enforce_eager=True,  # no compilation: the module's tests start fast
         model_path=model_dir,
         sampling={"temperature": 0.0, "max_tokens": MAX_TOKENS, "logprobs": 0, "ignore_eos": True},
         eos_token_ids=[],
@@ -145,6 +146,82 @@ def test_qlora_pushes_the_dequantised_base_with_the_adapter(generator, model_dir
             param.data = param.data.float()
     generator.sync_weights(model)
     assert_engine_matches(generator, model)
+
+
+def test_later_pushes_of_a_model_send_only_the_layers_training_changes(generator, model_dir, monkeypatch):
+    """The first push of a model sends every weight; the next ones (same model object) only the engine layers its
+    trainable weights belong to (LoRA on q_proj and up_proj: fused qkv and gate_up, whole). The engine then computes
+    what the merged model computes, the untouched layers kept from before."""
+    peft = pytest.importorskip("peft")
+    import grpokit.generation.vllm_colocate as colocate
+
+    sent = []
+    original = colocate.policy_weights
+
+    def spy(model, only=None):
+        sent.append(only)
+        return original(model, only)
+
+    monkeypatch.setattr(colocate, "policy_weights", spy)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(load_policy(model_dir), config)
+    generator.sync_weights(model)
+    assert sent[-1] is None  # a model the engine has not held yet: everything
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.2)
+    generator.sync_weights(model)
+    assert sent[-1] is not None and {n.split(".")[-2] for n in sent[-1]} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "gate_proj",
+        "up_proj",
+    }
+    assert_engine_matches(generator, model)
+
+
+def test_a_group_is_one_request_with_n_and_samples_what_its_copies_would(generator, model_dir, monkeypatch):
+    """Each run of equal consecutive prompts (a group) goes to vLLM once with n = its size: same completions in the
+    same order, and the same sampled tokens and logprobs as sending the copies (same engine random state); with a
+    per-request seed the copies are sent as they are."""
+    import grpokit.generation.vllm_colocate as colocate
+
+    # KV blocks of 32 tokens on CPU (vLLM's default 128 would keep a 128-token prompt from being shared)
+    assert generator.llm.llm_engine.vllm_config.cache_config.block_size == 32
+    generator.sync_weights(load_policy(model_dir))
+    rows = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 2 + [PROMPTS[3]] * 2 + [PROMPTS[0]]
+    sent = []
+    engine_generate = generator.llm.generate
+
+    def spy(prompts, params, **kwargs):
+        sent.append(
+            [(len(p["prompt_token_ids"]), getattr(params, "n", None) or [q.n for q in params]) for p in prompts]
+        )
+        return engine_generate(prompts, params, **kwargs)
+
+    monkeypatch.setattr(generator.llm, "generate", spy)
+    generator.sampling.update(temperature=1.0)
+    torch.manual_seed(11)
+    grouped = generator.generate(rows)
+    with monkeypatch.context() as m:
+        m.setattr(colocate, "_repeat_runs", lambda prompts: [(i, 1) for i in range(len(prompts))])
+        torch.manual_seed(11)
+        copies = generator.generate(rows)
+    assert [lengths for lengths, _ in sent[0]] == [5, 2, 140, 5]
+    assert [n for _, n in sent[0]] == [[3, 2, 2, 1]] * 4  # one list of SamplingParams, one per request
+    assert len(sent[1]) == len(rows)
+    assert grouped.completion_ids == copies.completion_ids
+    assert len(set(map(tuple, grouped.completion_ids[:3]))) > 1  # a group's samples differ
+    for a, b in zip(grouped.logprobs, copies.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+    generator.sampling.update(seed=5)
+    try:
+        generator.generate(rows)
+    finally:
+        generator.sampling.pop("seed")
+    assert len(sent[2]) == len(rows)
 
 
 def test_import_grpokit_does_not_import_vllm():

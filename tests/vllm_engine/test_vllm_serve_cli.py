@@ -34,6 +34,13 @@ def test_command_has_what_training_needs(monkeypatch):
     assert "--no-enable-prefix-caching" in cmd and cmd[-1] == "--enforce-eager"  # passed through
     assert "--tensor-parallel-size" not in cmd  # vLLM's defaults unless given
     assert env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert _value(cmd, "--block-size") == "32"  # no CUDA: blocks small enough for a group to share its prompt
+
+
+def test_block_size_is_vllms_on_gpu_and_the_users_when_given(monkeypatch):
+    assert "--block-size" not in _command(["m"], monkeypatch, cuda=True)[0]
+    cmd, _ = _command(["m", "--block-size", "64"], monkeypatch)
+    assert cmd.count("--block-size") == 1 and _value(cmd, "--block-size") == "64"
 
 
 def test_command_backend_and_options(monkeypatch):

@@ -43,6 +43,7 @@ def model_dir(tmp_path_factory):
 def generator(model_dir):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return VLLMColocateGenerator(
+        enforce_eager=True,  # no compilation: the module's tests start fast
         model_path=model_dir,
         sampling={"temperature": 1.0, "max_tokens": 6, "logprobs": 0, "ignore_eos": True},
         eos_token_ids=[],

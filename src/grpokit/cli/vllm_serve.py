@@ -26,7 +26,7 @@ import sys
 
 from grpokit.config.precision import INSTALL_HINT
 from grpokit.generation.vllm_auth import MIDDLEWARE, TOKEN_ENV, is_loopback, token_from_env
-from grpokit.generation.vllm_common import LOGPROBS_MODE
+from grpokit.generation.vllm_common import CPU_BLOCK_SIZE, LOGPROBS_MODE
 
 PLUGIN_NAME = "grpokit_gloo_weight_transfer"
 
@@ -97,6 +97,8 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
     cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
     cmd += ["--logprobs-mode", LOGPROBS_MODE]
     cmd += ["--enable-scale-out"]  # /inference/v1/generate: token ids with images (vision-language models)
+    if default_backend() == "gloo" and not any(a.split("=")[0] == "--block-size" for a in extra):
+        cmd += ["--block-size", str(CPU_BLOCK_SIZE)]  # no CUDA: a group's prompt shared in the prefix cache
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     token = _token(args)
     if token:  # every route, the weight-update ones included, then needs it

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from grpokit import vision
-from grpokit.algorithms import group_advantages, reward_metrics, vllm_importance_weights, vllm_sampling_metrics
+from grpokit.algorithms import group_advantages, reward_metrics
 from grpokit.dist import LOCAL, Collective
 from grpokit.generation import (
     GenerationBackend,
@@ -27,6 +27,7 @@ from grpokit.generation import (
     pad,
 )
 
+from .correction import sampling_correction
 from .rewards import RewardError, RewardFunctions, column_values
 
 # (input_ids (B, P+C), attention_mask (B, P+C), logits_to_keep C[, vision=VisionRows]) -> log-probabilities (B, C);
@@ -189,7 +190,8 @@ def produce_rollout(
         rows: this process's rows; each has a `prompt` (text or messages) and any other columns for the rewards; an
             `image` or `images` column puts its images into the (conversational) prompt, as in TRL.
         tokenizer: the policy's processing class: a tokenizer, or a vision-language model's processor.
-        old_logps_fn: scores the completions under the current policy; None when updates are on-policy.
+        old_logps_fn: scores the completions under the current policy; None when updates are on-policy (with the
+            importance-sampling correction on, the loss step then computes it: `correction.LossStepCorrection`).
         ref_logps_fn: scores them under the reference model; None when beta = 0.
         reward_kwargs: extra keywords for reward functions (`trainer_state`, `log_extra`, `log_metric`).
         generate: replaces `generate_completions` (the trainer passes its `_generate`, TRL's hook); its extra fields
@@ -233,7 +235,7 @@ def produce_rollout(
         sampling_logps = pad(
             logprobs, value=0.0, side="right", multiple_of=settings.pad_to_multiple_of, dtype=torch.float32
         ).to(device)  # (B, C)
-    correction = _sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist)
+    correction = sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist)
     importance_sampling_ratio = correction.pop("ratio", None)
 
     local_rewards = _agreed_rewards(
@@ -399,29 +401,6 @@ def _agreed_rewards(dist: Collective, rewards: RewardFunctions, *args, **kwargs)
         if other is not None:
             raise RewardError(f"{other} (on process {index} of {dist.num_processes})")
     return local
-
-
-def _sampling_correction(old_logps, sampling_logps, completion_mask, settings: RolloutSettings, dist) -> dict:
-    """The vLLM importance weights (under "ratio") and TRL's sampling metrics, reduced over processes; empty when
-    the correction is off or the backend reported no logprobs."""
-    if settings.importance_sampling_mode is None or sampling_logps is None or old_logps is None:
-        return {}
-    ratio = vllm_importance_weights(
-        old_logps,
-        sampling_logps,
-        completion_mask,
-        mode=settings.importance_sampling_mode,
-        clip_min=settings.importance_sampling_clip_min,
-        clip_max=settings.importance_sampling_clip_max,
-    )
-    out: dict = {"ratio": ratio}
-    stats = vllm_sampling_metrics(
-        old_logps, sampling_logps, completion_mask, ratio, mode=settings.importance_sampling_mode
-    )
-    for name, (value, reduction) in stats.items():
-        gathered = dist.gather(value.reshape(1).float())
-        out[name] = getattr(gathered, {"mean": "mean", "min": "amin", "max": "amax"}[reduction])().item()
-    return out
 
 
 def _pad_batch(prompt_ids, completion_ids, pad_token_id, settings: RolloutSettings, device) -> dict[str, Tensor]:

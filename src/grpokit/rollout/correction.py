@@ -1,0 +1,117 @@
+"""vLLM's importance-sampling correction: where the policy's old log-probabilities come from, and the weights and
+`sampling/*` metrics computed from them.
+
+The correction compares the policy's log-probabilities of the sampled tokens *before any update* (`old_logps`) with
+the sampler's own. TRL 1.16 scores them in a separate no-grad pass right after generation, every round. When updates
+are on-policy (every micro-batch of the round is trained inside one optimizer step, each once) the weights cannot
+change between generation and the loss, so the training forward's own log-probabilities, detached, are those old
+log-probabilities: the correction is then computed in the loss step (`LossStepCorrection`) and the separate pass is
+skipped. The weights are the same function of the same numbers; the metrics are reduced over the same rows (the
+whole generation batch of each process, then over processes), so they are logged as the separate pass logs them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from grpokit.algorithms import vllm_importance_weights, vllm_sampling_metrics
+
+REDUCTIONS = {"mean": "mean", "min": "amin", "max": "amax"}
+
+
+def sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist) -> dict:
+    """The vLLM importance weights (under "ratio") and TRL's `sampling/*` metrics of one process's generation batch,
+    reduced over processes; empty when the correction is off (`settings.importance_sampling_mode` None) or either
+    log-probability is missing."""
+    if settings.importance_sampling_mode is None or sampling_logps is None or old_logps is None:
+        return {}
+    ratio = vllm_importance_weights(
+        old_logps,
+        sampling_logps,
+        loss_mask,
+        mode=settings.importance_sampling_mode,
+        clip_min=settings.importance_sampling_clip_min,
+        clip_max=settings.importance_sampling_clip_max,
+    )
+    return {"ratio": ratio, **_reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist)}
+
+
+def _reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist) -> dict[str, float]:
+    stats = vllm_sampling_metrics(old_logps, sampling_logps, loss_mask, ratio, mode=settings.importance_sampling_mode)
+    out = {}
+    for name, (value, reduction) in stats.items():
+        gathered = dist.gather(value.reshape(1).float())
+        out[name] = getattr(gathered, REDUCTIONS[reduction])().item()
+    return out
+
+
+def has_active_dropout(model: nn.Module) -> bool:
+    """Whether the model drops activations in training mode (a `Dropout` module with p > 0, or a config's
+    `attention_dropout` > 0): then a training forward is not the deterministic pass the correction needs."""
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    return bool(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0)
+
+
+def correction_in_loss_step(mode: str, off_policy: bool, num_iterations: int, model: nn.Module) -> bool:
+    """Whether the correction can take its old log-probabilities from the training forward instead of a separate
+    pass: always in evaluation (no update between rollout and loss, dropout off); in training when updates are
+    on-policy (`off_policy` False: the round's micro-steps fall inside one optimizer step), each micro-batch is
+    trained on once (`num_iterations` 1), and the model has no active dropout (a second forward would draw other
+    masks, so TRL's separate pass would give other numbers)."""
+    if mode != "train":
+        return True
+    return not off_policy and num_iterations == 1 and not has_active_dropout(model)
+
+
+class LossStepCorrection:
+    """The correction computed in the loss step, from the training forward's detached log-probabilities.
+
+    `weights` is called once per micro-batch of a round, in order; it returns the micro-batch's importance weights
+    (exactly `vllm_importance_weights` of them: the weights are per row), and, at the round's last micro-batch,
+    the round's `sampling/*` metrics over all its rows, reduced over processes as the separate pass reduces them
+    (every process calls it the same number of times). `reset` at each new round: nothing is kept between rounds.
+    """
+
+    def __init__(self, dist):
+        self._dist = dist
+        self._rows: list[tuple[Tensor, ...]] = []
+
+    def __call__(
+        self, logps: Tensor, inputs: dict, loss_mask: Tensor, settings, *, parts: int, metrics
+    ) -> Tensor | None:
+        """The importance weights of this micro-batch (`inputs`, a micro-batch without old log-probabilities), or
+        None when the correction is off or the backend gave no sampling logprobs. At the round's last micro-batch
+        (the `parts`-th call) the round's metrics are appended to `metrics` (name -> list)."""
+        sampling_logps = inputs.get("sampling_logps")
+        if settings.importance_sampling_mode is None or sampling_logps is None:
+            return None
+        ratio, stats = self.weights(logps, sampling_logps, loss_mask, settings, parts)
+        for name, value in stats.items():
+            metrics[name].append(value)
+        return ratio
+
+    def weights(
+        self, logps: Tensor, sampling_logps: Tensor, loss_mask: Tensor, settings, parts: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        """(weights for this micro-batch, the round's metrics or {} before its last of `parts` micro-batches)."""
+        logps = logps.detach()
+        ratio = vllm_importance_weights(
+            logps,
+            sampling_logps,
+            loss_mask,
+            mode=settings.importance_sampling_mode,
+            clip_min=settings.importance_sampling_clip_min,
+            clip_max=settings.importance_sampling_clip_max,
+        )
+        self._rows.append((logps, sampling_logps, loss_mask, ratio))
+        if len(self._rows) < parts:
+            return ratio, {}
+        columns = [torch.cat(parts_, dim=0) for parts_ in zip(*self._rows, strict=True)]
+        self._rows = []
+        return ratio, _reduced_metrics(*columns, settings, self._dist)
+
+    def reset(self) -> None:
+        """Drop a partial round (a new round starts before the last one was trained to its end)."""
+        self._rows = []
