@@ -126,7 +126,9 @@ def test_without_agent_fields_the_call_is_unchanged(tmp_path, tiny_model_dir, us
         "train_dataset",
         "eval_dataset",
         "peft_config",
+        "quantization_config",
     }  # the run's records are the trainer's own callback (grpokit.records), not one the command passes
+    assert kwargs["quantization_config"] is None  # no load_in_4bit / load_in_8bit: an unquantised model
     assert not user_code.exists()
 
 
