@@ -206,6 +206,7 @@ MAY_IMPORT = {
         "grpokit.dist",
         "grpokit.generation",
         "grpokit.rollout",
+        "grpokit.sharding",
         "grpokit.vision",
     },
     "grpokit.agents": {"grpokit.generation", "grpokit.dist"},

@@ -1,7 +1,7 @@
 """The surface of TRL 1.16's `GRPOTrainer` that users' subclasses, callbacks and tests touch by name, as a mixin of
 `grpokit.trainer.GRPOTrainer`: the entropy and off-policy mask helpers, the `_generate` hook, the entropy-bonus
-predicate, `reward_processing_classes`, the warnings TRL gives at construction, and the agent arguments (`tools`,
-`environment_factory`, `rollout_func`; see `grpokit.agents`).
+predicate, `reward_processing_classes`, the warnings TRL gives at construction, the agent arguments (`tools`,
+`environment_factory`, `rollout_func`; see `grpokit.agents`), and TRL's `SyncRefModelCallback` (`sync_ref_model`).
 
 Each helper is a thin wrapper over grpokit's own functions (`grpokit.algorithms`, `grpokit.rollout`), with TRL's
 signature and results, and the trainer calls it where TRL does, so a subclass overriding one changes training as it
