@@ -101,10 +101,10 @@ SCRIPT = textwrap.dedent(
     rows = [{"prompt": [{"role": "user", "content": f"Describe {i}"}], "images": [random_image(i)] * (1 + i % 2)}
             for i in range(4)]
     args = GRPOConfig(output_dir=sys.argv[2], per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=6, max_steps=2, learning_rate=1e-2, report_to="none", save_strategy="no",
+                      max_completion_length=6, max_steps=3, learning_rate=1e-2, report_to="none", save_strategy="no",
                       logging_steps=1, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=256)
-    trainer = GRPOTrainer(model=sys.argv[1], reward_funcs=lambda completions, **kw: [float(len(c[0]["content"]) % 3)
-                          for c in completions], args=args, train_dataset=datasets.Dataset.from_list(rows))
+    trainer = GRPOTrainer(model=sys.argv[1], reward_funcs=lambda completions, **kw: [
+                          float(sum(map(ord, c[0]["content"])) % 7) for c in completions], args=args, train_dataset=datasets.Dataset.from_list(rows))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
@@ -129,12 +129,15 @@ def test_grpo_trains_a_vision_language_model_with_vllm_colocate(model_dir, tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.split("RESULT ", 1)[1])
     assert any("vision_model" in n for n in report["changed"]) and any("text_model" in n for n in report["changed"])
-    assert len(report["logs"]) == 2
+    assert len(report["logs"]) == 3
     # On-policy, vLLM samples with the trainer's probabilities except that the image token (never to be sampled)
     # gets a -100 logit bias: vLLM's logprobs are renormalised without its mass, about 1/110 of it in a random
-    # model over 110 tokens, log(1 - 1/110) = -0.009 (the first test, without the bias, agrees to 1e-4).
+    # model over 110 tokens, log(1 - 1/110) = -0.009 (the first test, without the bias, agrees to 1e-4); measured
+    # 0.011-0.013 at every step. After each push the engine must drop the image embeddings it cached with the old
+    # vision tower: without that the third round stopped with vLLM's "Encoder cache miss", and an engine left with
+    # the first weights differs by 0.5 after one step.
     for entry in report["logs"]:
-        assert entry["sampling/sampling_logp_difference/max"] < 0.05
+        assert entry["sampling/sampling_logp_difference/max"] < 0.02, report["logs"]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +182,9 @@ def test_grpo_trains_a_vision_language_model_against_the_server(server, model_di
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.split("RESULT ", 1)[1])
-    assert any("vision_model" in n for n in report["changed"]) and any("text_model" in n for n in report["changed"])
-    assert len(report["logs"]) == 2
+    assert any("vision_model" in n for n in report["changed"]) and any("text_model" in n for n in report["changed"]), (
+        report
+    )
+    assert len(report["logs"]) == 3
     for entry in report["logs"]:  # as in colocate: only the image token's -100 bias separates the two
-        assert entry["sampling/sampling_logp_difference/max"] < 0.05
+        assert entry["sampling/sampling_logp_difference/max"] < 0.02, report["logs"]

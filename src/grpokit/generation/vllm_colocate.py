@@ -150,6 +150,10 @@ class VLLMColocateGenerator:
         self._pushed = (weakref.ref(model), trainable)
         reprocess_tied_embeddings(runner.get_model())  # the CPU build's packed copy of a tied LM head
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
+        # and cached image embeddings the old vision tower's: reload_weights empties the runner's encoder cache but
+        # not the scheduler's record of it, which then skips the encoder for an image it thinks cached ("Encoder
+        # cache miss"); this resets both.
+        self.llm.llm_engine.reset_encoder_cache()
         self.last_sync_seconds = time.perf_counter() - start
 
     def _model_runner(self):

@@ -316,8 +316,10 @@ class VLLMServerGenerator:
             self._transfer = self._init_transfer(self._source)
         self._source.model = model
         self._transfer.send_weights()
-        # Cached prefixes hold keys and values computed with the old weights.
+        # Cached prefixes hold keys and values computed with the old weights, cached image embeddings the old vision
+        # tower's output.
         self._request("POST", "/reset_prefix_cache")
+        self._request("POST", "/reset_encoder_cache")
 
     def _init_transfer(self, source):
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
