@@ -368,3 +368,12 @@ def test_code_recipe_rewards_score_a_correct_completion_of_its_row(tmp_path):
         pytest.approx(1 / 3),  # only 0 0 -> 0 passes
     ]
     assert code_format(completions=[CORRECT_COMPLETION, "```python\nprint(1)\n```"]) == [1.0, 0.0]
+
+
+def test_the_readme_lists_every_field_grpokit_refuses_as_not_supported_yet():
+    """README's "Not supported yet" table names exactly the fields of `config/support.py`'s table."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Not supported yet\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for cell in rows for name in re.findall(r"`([a-z_0-9]+)`", cell)}
+    assert listed == set(NOT_IMPLEMENTED)
