@@ -26,7 +26,13 @@ def sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist) ->
     log-probability is missing."""
     if settings.importance_sampling_mode is None or sampling_logps is None or old_logps is None:
         return {}
-    ratio = vllm_importance_weights(
+    ratio = _weights(old_logps, sampling_logps, loss_mask, settings)
+    return {"ratio": ratio, **_reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist)}
+
+
+def _weights(old_logps, sampling_logps, loss_mask, settings) -> Tensor:
+    """`vllm_importance_weights` with the settings' mode and clipping bounds."""
+    return vllm_importance_weights(
         old_logps,
         sampling_logps,
         loss_mask,
@@ -34,7 +40,6 @@ def sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist) ->
         clip_min=settings.importance_sampling_clip_min,
         clip_max=settings.importance_sampling_clip_max,
     )
-    return {"ratio": ratio, **_reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist)}
 
 
 def _reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist) -> dict[str, float]:
@@ -97,14 +102,7 @@ class LossStepCorrection:
     ) -> tuple[Tensor, dict[str, float]]:
         """(weights for this micro-batch, the round's metrics or {} before its last of `parts` micro-batches)."""
         logps = logps.detach()
-        ratio = vllm_importance_weights(
-            logps,
-            sampling_logps,
-            loss_mask,
-            mode=settings.importance_sampling_mode,
-            clip_min=settings.importance_sampling_clip_min,
-            clip_max=settings.importance_sampling_clip_max,
-        )
+        ratio = _weights(logps, sampling_logps, loss_mask, settings)
         self._rows.append((logps, sampling_logps, loss_mask, ratio))
         if len(self._rows) < parts:
             return ratio, {}
