@@ -12,8 +12,6 @@ from .launch import engine_problems, launch_problems, launched_engine
 
 logger = logging.getLogger("grpokit.trainer")  # the trainer's start warnings, under its logger name
 
-# Constructor arguments of TRL's GRPOTrainer that grpokit accepts only to refuse them clearly (none at present).
-TRL_ONLY_ARGUMENTS = ()
 # GRPOTrainer's keyword arguments (TRL 1.16's), offered by "did you mean" for a mistyped one.
 TRAINER_ARGUMENTS = (
     "model",
@@ -35,11 +33,11 @@ TRAINER_ARGUMENTS = (
 
 def refuse_unknown_arguments(kwargs) -> None:
     """A keyword argument GRPOTrainer does not take: a TypeError, as Python's own, with the nearest valid name."""
-    unknown = [name for name in kwargs if name not in TRAINER_ARGUMENTS + TRL_ONLY_ARGUMENTS]
+    unknown = [name for name in kwargs if name not in TRAINER_ARGUMENTS]
     if unknown:
         from .config.suggest import UnknownArgumentError
 
-        raise UnknownArgumentError("GRPOTrainer.__init__", unknown, TRAINER_ARGUMENTS + TRL_ONLY_ARGUMENTS)
+        raise UnknownArgumentError("GRPOTrainer.__init__", unknown, TRAINER_ARGUMENTS)
 
 
 def quantization_problems(model, model_init_kwargs, quantization_config, peft_config) -> list[str]:
@@ -70,22 +68,11 @@ def quantization_problems(model, model_init_kwargs, quantization_config, peft_co
 
 
 def check_before_loading(
-    args,
-    reward_funcs,
-    train_dataset,
-    trl_only,
-    owned_rewards=False,
-    model=None,
-    quantization_config=None,
-    peft_config=None,
+    args, reward_funcs, train_dataset, owned_rewards=False, model=None, quantization_config=None, peft_config=None
 ) -> None:
-    """Every reason not to start, at once, before any model or tokenizer loads."""
-    problems = []
-    refuse_unknown_arguments(trl_only)
-    problems += quantization_problems(model, args.model_init_kwargs, quantization_config, peft_config)
-    for name, value in trl_only.items():
-        if value is not None:
-            problems.append(f"{name}: this GRPOTrainer argument is not supported yet")
+    """Every reason not to start, at once, before any model or tokenizer loads (unknown keyword arguments were
+    refused before: `refuse_unknown_arguments`)."""
+    problems = quantization_problems(model, args.model_init_kwargs, quantization_config, peft_config)
     problems += unsupported_settings(args)
     problems += hardware_problems(vars(args))
     state = getattr(args, "distributed_state", None)

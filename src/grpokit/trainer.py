@@ -103,7 +103,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
         train_dataset = self._training_rows(args, train_dataset)
         check_before_loading(
-            args, reward_funcs, train_dataset, trl_only, bool(owned_rewards), model, quantization_config, peft_config
+            args, reward_funcs, train_dataset, bool(owned_rewards), model, quantization_config, peft_config
         )
         resolve_precision(args)
         set_wandb_environment(args)

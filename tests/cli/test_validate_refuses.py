@@ -128,7 +128,6 @@ NOT_REFUSED = {
     "No reward source provided": NOT_NAMED,
     "launch_problems": LAUNCHED,
     "a launch needs accelerate_config too": COUNT_FLAG,
-    "this GRPOTrainer argument is not supported yet": "a Python argument of GRPOTrainer, not a config field",
     "quantization_problems": "GRPOTrainer's quantization_config and peft_config arguments; the command's own form "
     "(load_in_4bit without use_peft, the quantisation set twice) is a config rule, refused by validate",
 }
