@@ -224,6 +224,48 @@ def test_a_group_is_one_request_with_n_and_samples_what_its_copies_would(generat
     assert len(sent[2]) == len(rows)
 
 
+def test_vllm_does_not_detokenize_unless_stop_strings_need_the_text(generator, model_dir, monkeypatch):
+    """Only token ids are used: requests go with detokenize=False and sample the same tokens and logprobs as with
+    detokenize=True (same engine random state); `stop` strings, which vLLM matches on text, keep it on and still
+    stop a completion."""
+    generator.sync_weights(load_policy(model_dir))
+    sent = []
+    engine_generate = generator.llm.generate
+
+    def spy(prompts, params, **kwargs):
+        sent.append({q.detokenize for q in (params if isinstance(params, list) else [params])})
+        return engine_generate(prompts, params, **kwargs)
+
+    monkeypatch.setattr(generator.llm, "generate", spy)
+    rows = [PROMPTS[0]] * 2 + [PROMPTS[2]]
+    generator.sampling.update(temperature=1.0)
+    torch.manual_seed(7)
+    plain = generator.generate(rows)
+    generator.sampling.update(detokenize=True)
+    try:
+        torch.manual_seed(7)
+        texted = generator.generate(rows)
+    finally:
+        generator.sampling.pop("detokenize")
+    assert sent == [{False}, {True}]
+    assert plain.completion_ids == texted.completion_ids
+    for a, b in zip(plain.logprobs, texted.logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-6)
+
+    # the first completion's first token not seen before in it: with that as a stop string and the same random state,
+    # the completion ends with it (vLLM keeps the token that completes a stop string)
+    full = plain.completion_ids[0]
+    cut = next(i for i in range(1, len(full)) if full[i] not in full[:i])
+    generator.sampling.update(stop=[generator.llm.get_tokenizer().decode([full[cut]])])
+    try:
+        torch.manual_seed(7)
+        stopped = generator.generate(rows).completion_ids
+    finally:
+        generator.sampling.pop("stop")
+    assert sent[-1] == {True}
+    assert stopped[0] == full[: cut + 1]
+
+
 def test_import_grpokit_does_not_import_vllm():
     code = "import sys, grpokit, grpokit.generation, grpokit.trainer, grpokit.cli; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
