@@ -264,7 +264,7 @@ def _errors_only(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def _quiet_reload_log():
-    # a filter, not setLevel: each setLevel clears the cached levels of every logger (2 ms a push, 40 calls)
+    # a filter, not setLevel: each setLevel clears the cached levels of every logger (about 2.5 ms a push)
     names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
     loggers = [logging.getLogger(name) for name in names]  # the second names the weights a partial push leaves
     for each in loggers:
