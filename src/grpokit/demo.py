@@ -54,6 +54,11 @@ def prepare_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str,
 # model starts from a few seconds of supervised warm-up on the chat format (as agent RL starts from an instruct
 # model): it calls the tool on about 15% of the prompts and answers at once on the rest, so the reward starts near
 # 0.15; GRPO takes it to ~1 within about a hundred steps.
+#
+# The two answers have different shapes in the warm-up: one digit (the one read) after a tool turn, three at once.
+# With the same shape, GRPO's push against answering at once also reached the answer after the tool, on the tiny
+# model: for some sampling paths (seed 0 on an AVX2 CPU; seed 4 for 60 steps) it learned to call the tool and then
+# say nothing, and stayed at a reward of 0.5. With distinct shapes, seeds 0-15 all passed 0.89 by step 80.
 
 VAULT_CALL = '{"name": "open_vault", "arguments": {}}'  # the call's JSON, as the chat template writes it: one token
 _VAULT_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
@@ -131,8 +136,8 @@ def build_vault_tokenizer():
 
 
 def warm_up(model, tokenizer, *, steps: int = 80, call_rate: float = 0.15, seed: int = 0) -> float:
-    """Supervised steps on the format only: the tool called on `call_rate` of the examples, then three digits that
-    ignore the vault; elsewhere three digits at once. Returns the last loss."""
+    """Supervised steps on the format only: the tool called on `call_rate` of the examples, then the digit read as the
+    answer; elsewhere three random digits at once. Returns the last loss."""
     import torch
 
     rng = random.Random(seed)
@@ -151,8 +156,9 @@ def warm_up(model, tokenizer, *, steps: int = 80, call_rate: float = 0.15, seed:
     def example():
         answer = [*digits(3), eos]
         if rng.random() < call_rate:
-            turn = [tool, *digits(1), eos, assistant]
-            return prompt + call + turn + answer, [0] * len(prompt) + [1] * 4 + [0] * 4 + [1] * 4
+            secret = digits(1)
+            turn, answer = [tool, *secret, eos, assistant], [*secret, eos]
+            return prompt + call + turn + answer, [0] * len(prompt) + [1] * 4 + [0] * 4 + [1] * 2
         return prompt + answer, [0] * len(prompt) + [1] * 4
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

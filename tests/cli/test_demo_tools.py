@@ -65,3 +65,34 @@ def test_the_demo_learns_to_call_the_tool(tmp_path):
     assert sum(r["tools/call_frequency"] for r in last) / 10 >= 0.8
     assert (out / "reward_curve.png").is_file()
     assert "demo: tool calls per completion" in result.stdout
+
+
+def test_the_warm_up_answers_after_the_tool_in_another_shape_than_at_once():
+    """After the warm-up, an answer after the tool's turn is one digit then <eos>; an answer at once is three digits.
+    (With one shape for both, GRPO's push against answering at once also silenced the answer after the tool.)"""
+    import torch
+
+    from grpokit.demo import warm_up
+    from grpokit.tiny import build_model
+
+    tok = build_vault_tokenizer()
+    model = build_model(tok, hidden_size=64, num_layers=2, num_heads=2, seed=0)
+    warm_up(model, tok, seed=0)
+    model.eval()
+    ids = tok.convert_tokens_to_ids
+    schema = [{"type": "function", "function": {"name": "open_vault"}}]
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "?"}], tools=schema, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    after_tool = prompt + ids(["<tool_call>", VAULT_CALL, "</tool_call>", "<eos>", "<|tool|>", "6", "<eos>"])
+    after_tool += ids(["<|assistant|>"])
+    digit_ids = ids(list("0123456789"))
+
+    def next_probs(context):
+        with torch.no_grad():
+            return model(torch.tensor([context])).logits[0, -1].softmax(-1)
+
+    assert next_probs(after_tool)[digit_ids].sum() > 0.9  # an answer after the tool
+    assert next_probs(after_tool + ids(["3"]))[ids("<eos>")] > 0.9  # of one digit
+    assert next_probs(prompt + ids(["3"]))[digit_ids].sum() > 0.9  # at once: more digits
+    assert next_probs(prompt + ids(["3", "3", "3"]))[ids("<eos>")] > 0.9  # three
