@@ -1,6 +1,7 @@
 """Run by test_vllm_tensor_parallel.py under `accelerate launch` (2 CPU processes): trains a few steps with one vLLM
 engine sharded over both processes, then checks that each rank gets back its own prompts' completions."""
 
+import hashlib
 import json
 import os
 import sys
@@ -40,6 +41,19 @@ def main(model_dir: str, out_dir: str) -> None:
     )
     data = Dataset.from_list([{"prompt": f"{i % 10}="} for i in range(64)])
     trainer = GRPOTrainer(model_dir, copy_digit_reward, args=args, train_dataset=data)
+    engine_calls, process_states, engine_generate = [], [], trainer.generator.llm.generate
+
+    def recorded(*args, **kwargs):  # what this rank's engine sampled, all of its group's prompts
+        outputs = engine_generate(*args, **kwargs)
+        engine_calls.append([list(sample.token_ids) for output in outputs for sample in output.outputs])
+        return outputs
+
+    def generate(prompts, *args, **kwargs):  # the process's own random state before each round
+        process_states.append(hashlib.sha256(torch.random.get_rng_state().numpy().tobytes()).hexdigest())
+        return generator_generate(prompts, *args, **kwargs)
+
+    trainer.generator.llm.generate = recorded
+    generator_generate, trainer.generator.generate = trainer.generator.generate, generate
     trainer.train()
     rank = trainer.accelerator.process_index
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
@@ -54,6 +68,8 @@ def main(model_dir: str, out_dir: str) -> None:
         "completions": completions,
         "expected": [greedy(model, p, 6) for p in prompts],
         "rewards": [row["reward"] for row in trainer.state.log_history if "reward" in row],
+        "engine_calls": engine_calls,
+        "process_states": process_states,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)

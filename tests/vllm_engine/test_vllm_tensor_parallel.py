@@ -34,3 +34,8 @@ def test_tensor_parallel_two_processes(tmp_path):
         # each rank's completions are its own prompts' (uneven shares: 1 and 2 prompts), as transformers decodes them
         assert record["completions"] == record["expected"]
     assert len(records[0]["completions"]) == 1 and len(records[1]["completions"]) == 2
+    # The group's two engines sampled the same tokens at every call (3 rounds at temperature 1, then greedy), from a
+    # random state of the group's own: the processes' own states differ (the trainer seeds each process apart).
+    assert len(records[0]["engine_calls"]) == 4 and len(records[0]["engine_calls"][0]) == 16
+    assert records[0]["engine_calls"] == records[1]["engine_calls"]
+    assert all(a != b for a, b in zip(records[0]["process_states"], records[1]["process_states"], strict=True))

@@ -4,6 +4,10 @@ Every training process runs its own engine over the same weights. With `vllm_ten
 processes form groups of T consecutive ranks whose engines shard one model between them: a group gathers its
 members' prompts, its engines generate all of them together (each engine returns the same completions), and each
 rank keeps its own share. The engines' seeds differ per group (`process_index // T`), so groups sample differently.
+The engines of a group must sample the same tokens, or their schedulers part and their collectives stop matching;
+vLLM draws its sampling noise from the process's random state, which the trainer seeds per process and training
+consumes, so a group's engines sample from a random state of their own, seeded with the group's seed and carried
+from round to round (`_GroupRandomState`).
 
 Weights: `sync_weights(model)` loads the policy's weights (LoRA merged, names as vLLM loads them) into the engine
 through vLLM's in-place reload, which re-runs the post-load processing of every layer; on CPU a tied `lm_head` keeps
@@ -128,6 +132,7 @@ class VLLMColocateGenerator:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise GenerationError(f"the vLLM engine failed to start for {model_path}: {first}") from error
         self.start_seconds = time.perf_counter() - start
+        self._group_random = _GroupRandomState(engine_kwargs["seed"]) if self.tp > 1 else None
         self._awake = True
         self._sleep()
 
@@ -200,14 +205,15 @@ class VLLMColocateGenerator:
             params = [SamplingParams(**{**kwargs, "n": count}) for _, count in runs]
         self._wake(None)
         try:
-            outputs = self.llm.generate(
-                [
-                    {"prompt_token_ids": ids, **({"multi_modal_data": {"image": pictures}} if pictures else {})}
-                    for _, ids, pictures in requests
-                ],
-                params,
-                use_tqdm=False,
-            )
+            with self._group_random.active() if self._group_random else contextlib.nullcontext():
+                outputs = self.llm.generate(
+                    [
+                        {"prompt_token_ids": ids, **({"multi_modal_data": {"image": pictures}} if pictures else {})}
+                        for _, ids, pictures in requests
+                    ],
+                    params,
+                    use_tqdm=False,
+                )
         finally:
             self._sleep()
         for i, (output, (expected, _, pictures)) in enumerate(zip(outputs, requests, strict=True)):
@@ -256,6 +262,31 @@ class VLLMColocateGenerator:
 
     def close(self) -> None:
         self.llm = None
+
+
+class _GroupRandomState:
+    """The random state a tensor-parallel group's engines sample from, the same on every member: `active()` puts it
+    in place of the process's own (CPU, and the current CUDA device's where there is one) around a generate call,
+    keeps what sampling left of it for the next call, and gives the process its own state back."""
+
+    def __init__(self, seed: int):
+        self._cuda = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._states = [torch.Generator().manual_seed(seed).get_state()]
+        if self._cuda is not None:
+            self._states.append(torch.Generator(device=f"cuda:{self._cuda}").manual_seed(seed).get_state())
+
+    @contextlib.contextmanager
+    def active(self):
+        with torch.random.fork_rng(devices=[] if self._cuda is None else [self._cuda]):
+            torch.random.set_rng_state(self._states[0])
+            if self._cuda is not None:
+                torch.cuda.set_rng_state(self._states[1], self._cuda)
+            try:
+                yield
+            finally:
+                self._states[0] = torch.random.get_rng_state()
+                if self._cuda is not None:
+                    self._states[1] = torch.cuda.get_rng_state(self._cuda)
 
 
 def _errors_only(record: logging.LogRecord) -> bool:
