@@ -27,7 +27,7 @@ from accelerate.utils import set_seed as set_process_seed
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpoints, models, sharding, vision
+from . import checkpoints, models, vision
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
@@ -37,6 +37,7 @@ from .config.redaction import hidden_secrets
 from .config.rules import vllm_mode_warnings
 from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
+from .generation.push import WeightPushes
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
 from .records import recorder as records
@@ -184,7 +185,6 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self.logged_completions = self._completion_log.samples
         self._entropy_control = EntropyCoefficient.from_config(args)
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
-        self._synced_step = None  # global step whose weights the vLLM engine holds (None: not pushed yet)
         self._loss_step_correction = LossStepCorrection(self._dist)  # vLLM's IS correction when on-policy
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
@@ -204,6 +204,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             )
         else:
             self._nan_guard = NaNGuard(args.max_nonfinite_steps, grad_scaler=self.accelerator.scaler is not None)
+        self._weight_pushes = WeightPushes(self._nan_guard)  # vLLM: the policy's weights each round
 
     def _place_auxiliary_models(self):
         """The reference and reward models, inference only, placed as the policy is (see `models.place_frozen`)."""
@@ -303,16 +304,11 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
     def _rollout(self, rows, mode: str):
         args = self.args
         settings = self._rollout_settings(mode)
-        if args.use_vllm and self._synced_step != self.state.global_step:
-            # The policy changed since the engine last got its weights (or it never did): push them once per round;
-            # not when every optimizer step since the last push was skipped (non-finite): the weights are the same.
-            guard = self._nan_guard
-            if guard is None or not guard.skipped_since(self._synced_step, self.state.global_step):
-                policy = self.accelerator.unwrap_model(self.model)
-                with sharding.full_parameters(policy):  # ZeRO-3: every rank gathers, the backend pushes from rank 0
-                    self.generator.sync_weights(policy)
-                self._metrics[mode]["timing/vllm_weight_sync"].append(self.generator.last_sync_seconds)
-            self._synced_step = self.state.global_step
+        if args.use_vllm:
+            policy = self.accelerator.unwrap_model(self.model)
+            seconds = self._weight_pushes.before_round(self.generator, policy, self.state.global_step)
+            if seconds is not None:
+                self._metrics[mode]["timing/vllm_weight_sync"].append(seconds)
         chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         rows = self._start_agent_batch(rows)  # environments reset with their rows (may extend the prompts)
         self._loss_step_correction.reset()  # a new round: the loss step's correction starts over

@@ -5,7 +5,8 @@
 - `vllm_colocate.VLLMColocateGenerator` and `vllm_server.VLLMServerGenerator`: vLLM in the training process or in a
   `vllm serve` process. vLLM is imported only inside the `vllm_*` modules, so importing this package never loads it.
 
-`factory.build_generator` chooses and builds the backend a `GRPOConfig` asks for. `tokens.py` holds what every backend
+`factory.build_generator` chooses and builds the backend a `GRPOConfig` asks for; `push.WeightPushes` decides when a
+vLLM engine gets the policy's weights. `tokens.py` holds what every backend
 shares: prompt encoding, padding, EOS handling, decoding to text; `vllm_common.py` what the vLLM backends share.
 """
 
