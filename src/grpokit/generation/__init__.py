@@ -6,8 +6,8 @@
   `vllm serve` process. vLLM is imported only inside the `vllm_*` modules, so importing this package never loads it.
 
 `factory.build_generator` chooses and builds the backend a `GRPOConfig` asks for; `push.WeightPushes` decides when a
-vLLM engine gets the policy's weights. `tokens.py` holds what every backend
-shares: prompt encoding, padding, EOS handling, decoding to text; `vllm_common.py` what the vLLM backends share.
+vLLM engine gets the policy's weights. `tokens.py` holds what every backend shares: prompt encoding, padding, EOS
+handling, decoding to text; `vllm_common.py` what the vLLM backends share.
 """
 
 from .base import Generated, GenerationBackend, GenerationError

@@ -271,22 +271,23 @@ class _GroupRandomState:
 
     def __init__(self, seed: int):
         self._cuda = torch.cuda.current_device() if torch.cuda.is_available() else None
-        self._states = [torch.Generator().manual_seed(seed).get_state()]
+        self._cpu_state = torch.Generator().manual_seed(seed).get_state()
+        self._cuda_state = None
         if self._cuda is not None:
-            self._states.append(torch.Generator(device=f"cuda:{self._cuda}").manual_seed(seed).get_state())
+            self._cuda_state = torch.Generator(device=f"cuda:{self._cuda}").manual_seed(seed).get_state()
 
     @contextlib.contextmanager
     def active(self):
         with torch.random.fork_rng(devices=[] if self._cuda is None else [self._cuda]):
-            torch.random.set_rng_state(self._states[0])
+            torch.random.set_rng_state(self._cpu_state)
             if self._cuda is not None:
-                torch.cuda.set_rng_state(self._states[1], self._cuda)
+                torch.cuda.set_rng_state(self._cuda_state, self._cuda)
             try:
                 yield
             finally:
-                self._states[0] = torch.random.get_rng_state()
+                self._cpu_state = torch.random.get_rng_state()
                 if self._cuda is not None:
-                    self._states[1] = torch.cuda.get_rng_state(self._cuda)
+                    self._cuda_state = torch.cuda.get_rng_state(self._cuda)
 
 
 def _errors_only(record: logging.LogRecord) -> bool:
