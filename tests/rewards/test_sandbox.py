@@ -9,6 +9,7 @@ import doctest
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -210,7 +211,10 @@ def test_killing_other_processes_is_refused():
 # -------------------------------------------------------------------------------------------- files and environment
 
 
-def test_files_stay_in_a_temporary_directory_removed_afterwards():
+def test_files_stay_in_a_working_directory_of_the_run_gone_afterwards(tmp_path, monkeypatch):
+    """The working directory is a tmpfs of the run's own: nothing lands on the trainer's disk, and the next run
+    starts empty (but for its program)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the trainer's temporary files would go
     source = """
     import os
     with open("notes.txt", "w") as f:
@@ -225,8 +229,9 @@ def test_files_stay_in_a_temporary_directory_removed_afterwards():
     result = run(source)
     workdir, listing = result.stdout.splitlines()
     assert result.status == "ok" and listing == "hello ['renamed.txt', 'solution.py', 'sub']"
-    assert os.path.basename(workdir).startswith("grpokit-sandbox-")
-    assert not os.path.exists(workdir)
+    assert workdir == "/sandbox" and not os.path.exists(workdir)
+    assert run("import os\nprint(os.listdir('.'))").stdout == "['solution.py']\n"
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 
 @pytest.mark.parametrize(

@@ -14,38 +14,17 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
 import uuid
 
 import pytest
+from _sandbox_helpers import LAYERS, attack, processes_with
 
-from grpokit.rewards import _seccomp, sandbox
+from grpokit.rewards import _cgroup, _seccomp, sandbox
 from grpokit.rewards.code_rewards import code
-from grpokit.rewards.sandbox import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_OUTPUT_BYTES, run_program
-
-LAYERS = ["full", "kernel"]
-
-
-def attack(layer: str, source: str, *, timeout: float = 3, memory_mb: int | None = 256, seccomp=True, **kwargs):
-    """Run `source` in the sandbox with the given layers (see the module docstring); `seccomp=False` leaves the
-    kernel's seccomp filter out too (the namespaces alone)."""
-    source = textwrap.dedent(source)
-    if layer == "full":
-        return run_program(source, timeout=timeout, memory_mb=memory_mb, **kwargs)
-    return sandbox._run(
-        source,
-        "",
-        float(timeout),
-        kwargs.get("cpu_seconds", int(timeout) + 1),
-        (memory_mb or 0) << 20,
-        kwargs.get("max_output_bytes", DEFAULT_MAX_OUTPUT_BYTES),
-        kwargs.get("max_file_bytes", DEFAULT_MAX_FILE_BYTES),
-        audit_hook=False,
-        seccomp=seccomp,
-    )
+from grpokit.rewards.sandbox import run_program
 
 
 @pytest.fixture
@@ -61,20 +40,6 @@ def victim():
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/status") as f:
         return next(line.split()[1] for line in f if line.startswith("State:"))
-
-
-def _processes_with(token: str) -> list[int]:
-    """Pids of the machine whose command line holds `token`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
 def test_the_boundary_is_available_here():
@@ -142,7 +107,7 @@ def test_writing_outside_through_a_directory_descriptor_fails(tmp_path, layer):
             f"{tmp_path} ENOENT",
             "/ EROFS",
             "/usr EROFS",
-            "/tmp EROFS",
+            "/tmp ENOENT",
             "/proc/self/root EROFS",
         ]
 
@@ -150,7 +115,7 @@ def test_writing_outside_through_a_directory_descriptor_fails(tmp_path, layer):
 # ------------------------------------------------------------------------------------------- other processes
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", [*LAYERS, "kernel without seccomp"])
 def test_the_trainer_and_other_processes_cannot_be_signalled(victim, layer):
     proc, _ = victim
     source = f"""
@@ -171,16 +136,18 @@ def test_the_trainer_and_other_processes_cannot_be_signalled(victim, layer):
         except OSError as e:
             print(name, e.errno)
     """
-    result = attack(layer, source)
+    result = attack(layer.split()[0], source, seccomp=layer != "kernel without seccomp")
     assert proc.poll() is None  # the victim lives (and so does this test's process)
     # Alone in its PID namespace: no parent (0), no pid names another process (ESRCH), and kill(-1) finds no one.
-    # pidfd_open and pidfd_send_signal have no audit event: the hook lets them through; it refuses os.kill (None).
+    # pidfd_open has no audit event: the hook lets it through, and the seccomp filter does not allow it (ENOSYS);
+    # without the filter the PID namespace alone leaves it nothing to open. The hook refuses os.kill (None).
     kill_error = None if layer == "full" else errno.ESRCH
+    pidfd = [errno.ENOSYS] * 3 if layer != "kernel without seccomp" else [errno.EINVAL, errno.ESRCH, errno.ESRCH]
     assert result.stdout.splitlines() == [
         "parent 0 processes ['1']",
-        f"pidfd parent {errno.EINVAL}",
-        f"pidfd test {errno.ESRCH}",
-        f"pidfd victim {errno.ESRCH}",
+        f"pidfd parent {pidfd[0]}",
+        f"pidfd test {pidfd[1]}",
+        f"pidfd victim {pidfd[2]}",
         f"kill test {kill_error}",
         f"kill victim {kill_error}",
         f"kill everyone {kill_error}",
@@ -230,10 +197,10 @@ def test_files_and_environments_outside_cannot_be_read(tmp_path, victim, monkeyp
     for secret in (file_secret, victim_secret, "trainer-secret-value", "HF_HUB_OFFLINE"):
         assert secret not in shown
     lines = result.stdout.splitlines()
-    # Only the system's libraries, the Python install (under /root for pyenv's) and the working directory's folder
-    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "usr"}
-    install, workdir = sys.base_prefix.split("/")[1], tempfile.gettempdir().split("/")[1]
-    assert set(ast.literal_eval(lines[0][len("root ") :])) <= system | {install, workdir}
+    # Only the system's libraries, the Python install (under /root for pyenv's) and the working directory
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "usr", "sandbox"}
+    install = sys.base_prefix.split("/")[1]
+    assert set(ast.literal_eval(lines[0][len("root ") :])) <= system | {install}
     assert all(" unreadable 2" in line for line in lines[1:8]), lines  # ENOENT: none of them exists there
     assert lines[8].count("=") == 6  # the program's own environment: PATH, HOME, TMPDIR, LANG, LC_ALL, PWD
 
@@ -342,7 +309,7 @@ def test_a_setsid_double_fork_does_not_outlive_the_run(layer, ending):
     """
     kernel_layer = "kernel" if layer == "kernel without seccomp" else layer
     result = attack(kernel_layer, source, timeout=1.5, seccomp=layer != "kernel without seccomp")
-    assert _processes_with(token) == []  # at once: gone, not going
+    assert processes_with(token) == []  # at once: gone, not going
     assert result.status == ("ok" if ending == "exits" else "timeout")
     if layer == "full":
         assert result.stdout == "fork None\n"  # the hook's PermissionError
@@ -365,22 +332,30 @@ def test_nothing_survives_the_trainer_being_killed(tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)},  # its working directory, left behind
     )
     deadline = time.monotonic() + 60  # the trainer imports grpokit first
-    while not _processes_with(f"\0{token}\0") and time.monotonic() < deadline:
+    while not processes_with(f"\0{token}\0") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(f"\0{token}\0"), "the program never started"
+    assert processes_with(f"\0{token}\0"), "the program never started"
     trainer.kill()
     trainer.wait()
     deadline = time.monotonic() + 5
-    while _processes_with(f"\0{token}\0") and time.monotonic() < deadline:
+    while processes_with(f"\0{token}\0") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _processes_with(f"\0{token}\0") == []
-    (left,) = tmp_path.iterdir()  # the killed trainer's working directory stays behind...
-    assert left.name.startswith(f"grpokit-sandbox-{trainer.pid}-")
-    # ...until the next trainer's first program: it removes the folders of trainers that are gone
+    assert processes_with(f"\0{token}\0") == []
+    # The killed trainer's lock stays behind, and its run's memory cgroup where it had one...
+    (lock,) = tmp_path.iterdir()
+    assert lock.name.startswith(f"grpokit-sandbox-{trainer.pid}-") and lock.name.endswith(".lock")
+    owner = lock.name[len("grpokit-sandbox-") : -len(".lock")]
+    hierarchy, _ = _cgroup.find("grpokit-sandbox-probe")
+    groups = [] if hierarchy is None else [p for p in os.listdir(hierarchy.parent) if owner in p]
+    assert groups == ([] if hierarchy is None else [f"grpokit-sandbox-{owner}-0"])
+    # ...until the next trainer's first program: it removes what trainers that are gone left (and its own lock at
+    # its exit)
     code = "from grpokit.rewards.sandbox import run_program\nassert run_program('print(2)').stdout == '2\\n'"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
     assert list(tmp_path.iterdir()) == []
+    if hierarchy is not None:
+        assert [p for p in os.listdir(hierarchy.parent) if owner in p] == []
 
 
 # ------------------------------------------------------------------------------------------------------- bombs
@@ -425,9 +400,9 @@ def test_memory_bomb(layer):
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_writing_to_memory_backed_folders_fails(layer):
-    """/dev and / are read-only tmpfs: no way to fill the machine's memory past RLIMIT_AS through files."""
+    """/dev and / are read-only tmpfs (the working directory is the only writable one, see test_sandbox_kernel)."""
     source = """
-    for path in ("/dev/shm/fill", "/dev/fill", "/fill", "/tmp/fill"):
+    for path in ("/dev/shm/fill", "/dev/fill", "/fill", "/usr/fill"):
         try:
             open(path, "wb").write(b"x")
             print("WROTE", path)

@@ -59,6 +59,7 @@ Only Python runs locally; other languages raise `ValueError`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -75,7 +76,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import _seccomp
+from . import _cgroup, _leftovers, _seccomp
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -85,6 +86,7 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_MEMORY_MB = 512
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20
 DEFAULT_MAX_FILE_BYTES = 16 << 20
+DEFAULT_DISK_MB = 64
 LANGUAGES = ("python",)
 UNSAFE_ENV = "GRPOKIT_UNSAFE_SANDBOX"
 INSTALL_HINT = "apt-get install bubblewrap (dnf, zypper, pacman, apk: bubblewrap)"
@@ -251,35 +253,41 @@ _BOUNDARY: dict[str, str | None] = {}  # filled once: {"bwrap": path or None, "p
 _WARNED_UNSAFE = threading.Event()
 
 
-_WORKDIR_PREFIX = "grpokit-sandbox-"
-_SWEPT: set[int] = set()  # the processes (pids) that have removed the folders dead trainers left
+_WORKDIR = "/sandbox"  # the program's working directory inside the sandbox: a tmpfs of `disk_mb`
+_WARNED_NO_CGROUP = threading.Event()
+
+
+def _token() -> str:
+    """This trainer process's token (see `_leftovers`); the first call removes what dead trainers left."""
+    hierarchy, _ = _cgroup.find(_leftovers.PREFIX + "probe-" + str(os.getpid()))
+    return _leftovers.token(tempfile.gettempdir(), [hierarchy.parent] if hierarchy else [])
 
 
 def _new_workdir() -> str:
-    """A fresh working directory for one program, named after this process (`grpokit-sandbox-<pid>-*`). The first
-    one a process makes also removes the folders of trainers that died without cleaning up (SIGKILL, power cut):
-    their programs are gone with them (`--die-with-parent`), only the folders stayed."""
-    if os.getpid() not in _SWEPT:
-        _SWEPT.add(os.getpid())
-        _remove_orphaned_workdirs(tempfile.gettempdir())
-    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+    """A fresh host folder for one program of the unsafe mode, `<tmp>/grpokit-sandbox-<token>-*` (removed after
+    the run; the sweep removes those a dead trainer left)."""
+    return tempfile.mkdtemp(prefix=f"{_leftovers.PREFIX}{_token()}-")
 
 
-def _remove_orphaned_workdirs(parent: str) -> None:
-    for name in os.listdir(parent):
-        owner = name[len(_WORKDIR_PREFIX) :].split("-", 1)[0] if name.startswith(_WORKDIR_PREFIX) else ""
-        if owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+_RUN_NUMBERS = itertools.count()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive, and not ours to clean up after
-        return True
-    return True
+def _memory_cgroup(memory: int) -> tuple[_cgroup.Hierarchy | None, str | None]:
+    """A fresh memory cgroup holding at most `memory` bytes for one run, or (None, None) where none can be made
+    here (said once per process)."""
+    hierarchy, reason = _cgroup.find(_leftovers.PREFIX + "probe-" + str(os.getpid()))
+    if hierarchy is None:
+        if not _WARNED_NO_CGROUP.is_set():
+            _WARNED_NO_CGROUP.set()
+            logger.warning(
+                "sandbox: no memory cgroup can be made here (%s): `memory_mb` bounds a program's address space "
+                "only; what the kernel holds for it (files in its working directory, up to `disk_mb`, pipe and "
+                "socket buffers) comes on top",
+                reason,
+            )
+        return None, None
+    name = f"{_leftovers.PREFIX}{_token()}-{next(_RUN_NUMBERS)}"
+    return hierarchy, hierarchy.create(name, memory)
 
 
 def _interpreter() -> str:
@@ -297,51 +305,58 @@ def _read_only_paths() -> list[str]:
     return paths
 
 
-def _bwrap_argv(bwrap: str, workdir: str, seccomp_fd: int | None) -> list[str]:
-    """bwrap's options for one run in `workdir` (the command follows); `seccomp_fd` holds the filter, or None."""
+def _bwrap_argv(bwrap: str, *, disk: int, source_fd: int, seccomp_fd: int | None) -> list[str]:
+    """bwrap's options for one run (the command follows): its working directory is a fresh tmpfs of `disk` bytes
+    holding the program read from `source_fd`; `seccomp_fd` holds the filter, or None."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent"]
     argv += ["--new-session", "--hostname", "sandbox", "--clearenv"]
-    for name, value in _environment(workdir).items():
+    for name, value in _environment(_WORKDIR).items():
         argv += ["--setenv", name, value]
     for path in _read_only_paths():
         argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--bind", workdir, workdir]
-    argv += ["--chdir", workdir, "--remount-ro", "/"]  # last: the mounts above need their mount points made
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", str(disk), "--tmpfs", _WORKDIR]
+    argv += ["--file", str(source_fd), f"{_WORKDIR}/{_SOURCE_NAME}", "--chdir", _WORKDIR]
+    argv += ["--remount-ro", "/"]  # last: the mounts above need their mount points made
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv
 
 
-def _seccomp_fd() -> int | None:
-    """A fresh descriptor of the seccomp filter for one bwrap (it reads to the end), or None where there is none."""
-    program = _seccomp.program()
-    if program is None:
-        return None
-    fd = os.memfd_create("grpokit-sandbox-seccomp")
-    os.write(fd, program)
+def _memfd(name: str, data: bytes) -> int:
+    """A descriptor of `data` from its start (bwrap reads it to the end)."""
+    fd = os.memfd_create(name)
+    os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
+def _seccomp_fd() -> int | None:
+    """A fresh descriptor of the seccomp filter for one bwrap, or None where there is none."""
+    program = _seccomp.program()
+    return None if program is None else _memfd("grpokit-sandbox-seccomp", program)
+
+
 def _probe(bwrap: str) -> str | None:
     """None if bwrap runs a program behind the full boundary here, else bwrap's own complaint."""
-    workdir = _new_workdir()
-    fd = _seccomp_fd()
+    fds = [_memfd("grpokit-sandbox-probe", b"print('ok')\n")]
+    seccomp = _seccomp_fd()
+    if seccomp is not None:
+        fds.append(seccomp)
     try:
-        argv = [*_bwrap_argv(bwrap, workdir, fd), _interpreter(), "-I", "-S", "-c", "print('ok')"]
+        argv = [*_bwrap_argv(bwrap, disk=1 << 20, source_fd=fds[0], seccomp_fd=seccomp), _interpreter(), "-I", "-S"]
         probe = subprocess.run(
-            argv,
+            [*argv, _SOURCE_NAME],
             capture_output=True,
             timeout=_PROBE_SECONDS,
-            env=_environment(workdir),
-            pass_fds=() if fd is None else (fd,),
+            env=_environment(_WORKDIR),
+            cwd="/",
+            pass_fds=tuple(fds),
         )
     except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     finally:
-        if fd is not None:
+        for fd in fds:
             os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
     if probe.returncode == 0 and probe.stdout == b"ok\n":
         return None
     said = " ".join(probe.stderr.decode("utf-8", errors="replace").split())[:200]
@@ -582,11 +597,12 @@ def run_program(
     memory_mb: int | None = DEFAULT_MEMORY_MB,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    disk_mb: int = DEFAULT_DISK_MB,
 ) -> RunResult:
     """Run the program `source` with `stdin` in the sandbox (see the module docstring for what it guarantees).
 
     `timeout` is wall-clock seconds; `cpu_seconds` defaults to `ceil(timeout)`; `memory_mb=None` sets no memory
-    limit. Never raises for what the program does; raises ValueError for bad arguments or a language other than
+    limit; `disk_mb` is the size of the working directory (all files together; writing more fails with ENOSPC). Never raises for what the program does; raises ValueError for bad arguments or a language other than
     Python, and SandboxUnavailable (a ValueError) where the boundary cannot be set up (see `check_boundary`).
 
     >>> run_program("print(sum(map(int, input().split())))", "2 3\\n").stdout
@@ -602,7 +618,8 @@ def run_program(
     memory = int(_positive("memory_mb", memory_mb, integer=True)) << 20 if memory_mb is not None else 0
     max_output_bytes = int(_positive("max_output_bytes", max_output_bytes, integer=True))
     max_file_bytes = int(_positive("max_file_bytes", max_file_bytes, integer=True))
-    return _run(source, stdin, timeout, cpu, memory, max_output_bytes, max_file_bytes)
+    disk = int(_positive("disk_mb", disk_mb, integer=True)) << 20
+    return _run(source, stdin, timeout, cpu, memory, max_output_bytes, max_file_bytes, disk)
 
 
 def _run(
@@ -613,38 +630,67 @@ def _run(
     memory: int,
     max_output_bytes: int,
     max_file_bytes: int,
+    disk: int = DEFAULT_DISK_MB << 20,
     *,
     audit_hook: bool = True,
     seccomp: bool = True,
+    cgroup: bool = True,
 ) -> RunResult:
-    """`run_program` on checked arguments. Tests switch layers off (`audit_hook=False`, `seccomp=False`) to show
-    that the others hold on their own."""
-    boxed = not unsafe_mode()
+    """`run_program` on checked arguments. Tests switch layers off (`audit_hook=False`, `seccomp=False`,
+    `cgroup=False`) to show that the others hold on their own."""
     check_boundary()
-    workdir = _new_workdir()
-    fd = _seccomp_fd() if boxed and seccomp else None
+    python = [_interpreter(), "-I", "-S", "-B", "-X", "utf8"]  # -B: no .pyc writes
+    command = [*python, "-c", _BOOTSTRAP, str(cpu), str(memory), str(max_file_bytes), "1" if audit_hook else "0"]
+    if unsafe_mode():
+        workdir = _new_workdir()
+        try:
+            with open(os.path.join(workdir, _SOURCE_NAME), "w", encoding="utf-8") as f:
+                f.write(source)
+            outcome = _execute(
+                command,
+                stdin.encode("utf-8"),
+                cwd=workdir,
+                env=_environment(workdir),
+                timeout=timeout,
+                max_output_bytes=max_output_bytes,
+            )
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        reason, code, out, err, seconds, truncated, cpu_used = outcome
+        return RunResult(_status(reason, code, cpu_used, cpu), code, _decode(out), _decode(err), seconds, truncated)
+
+    fds = [_memfd("grpokit-sandbox-source", source.encode("utf-8"))]
+    hierarchy = group = None
     try:
-        with open(os.path.join(workdir, _SOURCE_NAME), "w", encoding="utf-8") as f:
-            f.write(source)
-        python = [_interpreter(), "-I", "-S", "-B", "-X", "utf8"]  # -B: no .pyc writes
-        limits = [str(cpu), str(memory), str(max_file_bytes), "1" if audit_hook else "0"]
-        prefix = _bwrap_argv(_boundary()["bwrap"], workdir, fd) if boxed else []
+        seccomp_fd = _seccomp_fd() if seccomp else None
+        if seccomp_fd is not None:
+            fds.append(seccomp_fd)
+        prefix = _bwrap_argv(_boundary()["bwrap"], disk=disk, source_fd=fds[0], seccomp_fd=seccomp_fd)
+        if cgroup and memory:
+            hierarchy, group = _memory_cgroup(memory)
+        if group is not None:  # the launcher joins the cgroup, then becomes bwrap: nothing of the run is outside
+            prefix = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(group, "cgroup.procs"), *prefix]
         reason, code, out, err, seconds, truncated, cpu_used = _execute(
-            [*prefix, *python, "-c", _BOOTSTRAP, *limits],
+            [*prefix, *command],
             stdin.encode("utf-8"),
-            cwd=workdir,
-            env=_environment(workdir),
+            cwd="/",
+            env=_environment(_WORKDIR),
             timeout=timeout,
             max_output_bytes=max_output_bytes,
-            pass_fds=() if fd is None else (fd,),
+            pass_fds=tuple(fds),
         )
+        oom_killed = hierarchy is not None and group is not None and hierarchy.oom_kills(group) > 0
     finally:
-        if fd is not None:
+        for fd in fds:
             os.close(fd)
-        shutil.rmtree(workdir, ignore_errors=True)
-    if boxed and 128 < code < 128 + signal.NSIG:
+        if group is not None:
+            _cgroup.remove(group)  # one still busy is left for the sweep
+    if 128 < code < 128 + signal.NSIG:
         code = 128 - code  # bwrap reports a program ended by signal N as exit code 128 + N
-    return RunResult(_status(reason, code, cpu_used, cpu), code, _decode(out), _decode(err), seconds, truncated)
+    status = _status(reason, code, cpu_used, cpu)
+    if oom_killed and status in ("error", "timeout"):
+        status = "memory"  # the cgroup's OOM killer ended it (SIGKILL)
+    return RunResult(status, code, _decode(out), _decode(err), seconds, truncated)
 
 
 def _status(reason: str, code: int, cpu_used: float, cpu: int) -> Status:
