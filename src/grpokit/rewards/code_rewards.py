@@ -49,13 +49,19 @@ def _check_code_provider(code_provider: Any, e2b_router_url: Any, morph_router_u
             raise _remote_refusal(name, url, "sandbox service", f"code_provider: local and no {name}")
 
 
-def _limits(owner: str, timeout: Any, memory_mb: Any, max_output_bytes: Any) -> dict[str, Any]:
+def _limits(owner: str, timeout: Any, memory_mb: Any, max_output_bytes: Any, disk_mb: Any) -> dict[str, Any]:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"{owner}: `timeout` must be a positive number of seconds, got {timeout!r}")
     if memory_mb is not None:
         check_int(owner, "memory_mb", memory_mb, 1)
     check_int(owner, "max_output_bytes", max_output_bytes, 1)
-    return {"timeout": float(timeout), "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+    check_int(owner, "disk_mb", disk_mb, 1)
+    return {
+        "timeout": float(timeout),
+        "memory_mb": memory_mb,
+        "max_output_bytes": max_output_bytes,
+        "disk_mb": disk_mb,
+    }
 
 
 def _check_batch_size(owner: str, value: Any) -> int:
@@ -227,6 +233,7 @@ def code(
     timeout: float = sandbox.DEFAULT_TIMEOUT,
     memory_mb: int | None = sandbox.DEFAULT_MEMORY_MB,
     max_output_bytes: int = sandbox.DEFAULT_MAX_OUTPUT_BYTES,
+    disk_mb: int = sandbox.DEFAULT_DISK_MB,
 ) -> Callable[..., list[float | None]]:
     """Factory of open-r1's `code` reward: the fraction of the row's test cases the completion's program passes.
 
@@ -238,8 +245,10 @@ def code(
     code_provider: "local" (this machine's sandbox); open-r1's "e2b", "morph" (and routers, `e2b_router_url`,
         `morph_router_url`) are remote services, refused when the reward is built.
     parallel_code_exec_per_proc: programs run at once (subprocesses).
-    timeout: wall-clock seconds per test (also the CPU limit, rounded up); memory_mb: address-space limit per
-        program (None: none); max_output_bytes: stdout/stderr cap per program (more fails the test).
+    timeout: wall-clock seconds per test (also the CPU limit, rounded up); memory_mb: memory limit per program
+        (its address space, and with a memory cgroup all it makes the kernel hold; None: none); max_output_bytes:
+        stdout/stderr cap per program (more fails the test); disk_mb: its working directory's size, all files
+        together.
 
     >>> reward = code(timeout=5)
     >>> tests = [{"input": "1 2\\n", "output": "3\\n"}, {"input": "2 2\\n", "output": "4"}]
@@ -249,7 +258,7 @@ def code(
     """
     _check_code_provider(code_provider, e2b_router_url, morph_router_url)
     workers = check_int("code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
-    limits = _limits("code", timeout, memory_mb, max_output_bytes)
+    limits = _limits("code", timeout, memory_mb, max_output_bytes, disk_mb)
     sandbox.check_boundary("code")  # last: a setting's own mistake is said first
     return _CodeReward("code", binary=False, batch_size=-1, workers=workers, limits=limits)
 
@@ -264,6 +273,7 @@ def binary_code(
     timeout: float = sandbox.DEFAULT_TIMEOUT,
     memory_mb: int | None = sandbox.DEFAULT_MEMORY_MB,
     max_output_bytes: int = sandbox.DEFAULT_MAX_OUTPUT_BYTES,
+    disk_mb: int = sandbox.DEFAULT_DISK_MB,
 ) -> Callable[..., list[float | None]]:
     """Factory of open-r1's `binary_code` reward: 1.0 when the program passes more than 99% of the row's test
     cases (in practice: all of them), else 0.0.
@@ -279,7 +289,7 @@ def binary_code(
     _check_code_provider(code_provider, e2b_router_url, morph_router_url)
     batch_size = _check_batch_size("binary_code", code_eval_test_batch_size)
     workers = check_int("binary_code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
-    limits = _limits("binary_code", timeout, memory_mb, max_output_bytes)
+    limits = _limits("binary_code", timeout, memory_mb, max_output_bytes, disk_mb)
     sandbox.check_boundary("binary_code")  # last: a setting's own mistake is said first
     return _CodeReward("binary_code", binary=True, batch_size=batch_size, workers=workers, limits=limits)
 
@@ -404,6 +414,7 @@ def ioi_code(
     timeout: float = sandbox.DEFAULT_TIMEOUT,
     memory_mb: int | None = sandbox.DEFAULT_MEMORY_MB,
     max_output_bytes: int = sandbox.DEFAULT_MAX_OUTPUT_BYTES,
+    disk_mb: int = sandbox.DEFAULT_DISK_MB,
 ) -> Callable[..., list[float | None]]:
     """Factory of open-r1's `ioi_code` reward: an IOI subtask's score, 1.0 when the program passes all its tests,
     else 0.0 (open-r1's subtask score, the minimum over its tests, with pass/fail tests).
@@ -429,6 +440,6 @@ def ioi_code(
     sandbox.check_language(code_language, "ioi_code")
     batch_size = _check_batch_size("ioi_code", code_eval_test_batch_size)
     workers = check_int("ioi_code", "parallel_code_exec_per_proc", parallel_code_exec_per_proc, 1)
-    limits = _limits("ioi_code", timeout, memory_mb, max_output_bytes)
+    limits = _limits("ioi_code", timeout, memory_mb, max_output_bytes, disk_mb)
     sandbox.check_boundary("ioi_code")
     return _IOICode(code_language, batch_size, workers, limits)
