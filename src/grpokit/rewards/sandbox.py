@@ -16,15 +16,27 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap`, the system package 
 - **A filesystem of its own**: an empty root (read-only) holding read-only binds of `/usr` (with the `/bin`, `/lib`,
   `/lib64`, `/sbin` links), the dynamic loader's cache and the Python install running the trainer (`sys.base_prefix`:
   the interpreter and its standard library; not the virtual environment, since the program runs with
-  `python -I -S`), a read-only minimal `/dev`, and a private temporary working directory, the only writable place
-  (also `HOME` and `TMPDIR`), removed afterwards. Home directories (beyond the Python install, when it lives in
-  one, as pyenv's does), the checkout, datasets, checkpoints, other runs' files and `/etc` (beyond the loader cache
-  and the time zone) do not exist there.
+  `python -I -S`), a read-only minimal `/dev` (so no POSIX shared memory: `/dev/shm` is read-only too), and the
+  working directory `/sandbox` (also `HOME` and `TMPDIR`), the only writable place: a fresh tmpfs of `disk_mb`
+  (64 MiB) for all its files together (writing more fails with ENOSPC), holding the program, gone with the run's
+  mount namespace. Nothing is written on the trainer's disk. Home directories (beyond the Python install, when it
+  lives in one, as pyenv's does), the checkout, datasets, checkpoints, other runs' files and `/etc` (beyond the
+  loader cache and the time zone) do not exist there.
 - **A clean environment** (`--clearenv`): `PATH`, `HOME`, `TMPDIR`, `LANG`, `LC_ALL` (and bwrap's `PWD`) only.
-- **No new processes** (a seccomp filter, `_seccomp.py`): `fork`, `vfork` and non-thread `clone` fail, as do new
-  namespaces, `ptrace` and `process_vm_*`; threads work. This is what keeps a fork bomb off the machine's process
-  table (RLIMIT_NPROC is not enforced for root). On an architecture the filter does not know (only x86_64 and
-  aarch64 are), a forked process still dies with the run: the PID namespace ends with its PID 1.
+- **An allowlist of system calls** (a seccomp filter, `_seccomp.py`): what CPython needs to run a program, and
+  nothing else. New processes (`fork`, `vfork`, non-thread `clone`), new namespaces, `ptrace` and `process_vm_*`
+  fail with EPERM; threads work; every call outside the list fails with ENOSYS: kernel keyrings (not namespaced:
+  a key of the trainer's would be readable), io_uring, bpf, perf events, userfaultfd, mounts, kexec,
+  `memfd_create`, System V IPC, POSIX message queues. Sockets of other families than Unix and IP fail, and so
+  does growing a pipe's buffer. This is also what keeps a fork bomb off the machine's process table
+  (RLIMIT_NPROC is not enforced for root). On an architecture the filter does not know (only x86_64 and aarch64
+  are), there is no filter; a forked process still dies with the run.
+- **A memory cgroup per run** (`_cgroup.py`, where one can be made: root, or a delegated cgroup; v1 or v2):
+  `memory_mb` bounds everything the run makes the kernel hold, not only its address space: files in its working
+  directory, shared memory, pipe and socket buffers, kernel objects; no swap. At the limit the kernel's OOM killer
+  ends the run (status "memory"), never the trainer. Where none can be made, a warning says so once: `memory_mb`
+  then bounds the address space, and the working directory (`disk_mb`) and pipe buffers (64 files of 64 KiB) come
+  on top.
 - **Its lifetime**: `--die-with-parent` kills the program when the trainer dies (even by SIGKILL); `--new-session`
   detaches it from the trainer's terminal; at the end of a run its PID 1 and bwrap's process group are killed,
   which ends the PID namespace and everything in it before `run_program` returns. No process outlives the run.
@@ -43,10 +55,14 @@ On top of that, inside the interpreter:
   working directory. A hostile program can get past it (Python can reach its state); the kernel's boundary above
   does not depend on it.
 
-What it does not guarantee: the program may use its CPU and memory limits in full, and write many files of up to
-`max_file_bytes` each into its working directory (on the trainer's temporary disk) until its time is up; RLIMIT_AS
-limits virtual memory, which can run out before that much memory is really used. It can read what every program on
-the machine can read in `/usr` and the Python install. A kernel bug is not contained.
+What it does not guarantee: the program may use its CPU, memory and disk limits in full until its time is up (the
+cgroup's OOM kill may come a little after the limit is crossed; RLIMIT_AS limits virtual memory, which can run out
+before that much memory is really used). It can read what every program on the machine can read in `/usr` and the
+Python install, and use the system calls of the allowlist, whose kernel code it relies on: a kernel bug in them is
+not contained. Without a memory cgroup, memory is bounded as said above, not by `memory_mb` alone.
+
+A trainer killed mid-run leaves its lock (and, with a cgroup, the run's empty cgroup; in the unsafe mode its
+working folders): the next trainer sweeps them once it proves the owner dead by taking its lock (`_leftovers.py`).
 
 Where the boundary cannot be set up (bwrap missing, or unable to create user namespaces: some container runtimes,
 `kernel.apparmor_restrict_unprivileged_userns=1`), `run_program` raises `SandboxUnavailable` naming what is missing,
