@@ -151,6 +151,8 @@ class TRLCompatMixin:
                 factory,
                 max_iterations=args.max_tool_calling_iterations,
                 timeout=args.tool_timeout,
+                round_timeout=args.tool_round_timeout,
+                max_result_chars=args.max_tool_result_chars,
             )
             self._check_routing(train_dataset)
         except (ToolError, EnvironmentProblem) as exc:
@@ -226,6 +228,25 @@ class TRLCompatMixin:
         if self.agent is None:
             return rows
         prompts = self.agent.start(rows)
+        failed = self.agent.failed_resets
+        if failed:
+            index, name, error = failed[0]
+            logger.warning(
+                redact(
+                    f"{len(failed)} of {len(rows)} environments failed to reset on process "
+                    f"{self._dist.process_index} (their rollouts train nothing); the first: {name} on batch row "
+                    f"{index} ({_row_excerpt(rows[index])}): {error}"
+                )
+            )
+        counts = self._dist.gather_object([(len(failed), len(rows))])
+        if sum(c[0] for c in counts) == sum(c[1] for c in counts) and failed:
+            index, name, error = failed[0]
+            raise ValueError(
+                redact(
+                    f"every environment of this generation round failed to reset, so nothing can be generated; the "
+                    f"first: {name}.reset on batch row {index} ({_row_excerpt(rows[index])}) raised {error}"
+                )
+            )
         return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
 
     def _agent_records(self) -> dict[str, float]:
@@ -247,11 +268,13 @@ class TRLCompatMixin:
                     f"{str(call.result.get('error', call.result))[:300]}"
                 )
             )
-        counts = dist.gather_object([(len(loop.completion_ids), loop.num_calls, loop.num_failures)])
-        rollouts, calls, failures = (sum(c[k] for c in counts) for k in range(3))
+        resets = len(self.agent.failed_resets)
+        counts = dist.gather_object([(len(loop.completion_ids), loop.num_calls, loop.num_failures, resets)])
+        rollouts, calls, failures, resets = (sum(c[k] for c in counts) for k in range(4))
         return {
             "tools/call_frequency": calls / max(rollouts, 1),
             "tools/failure_frequency": failures / calls if calls else 0.0,
+            "tools/reset_failures": float(resets),
         }
 
     def _custom_rollout(self, prompts: list, settings: RolloutSettings) -> tuple:
@@ -355,3 +378,8 @@ class SyncRefModelCallback(TrainerCallback):
             policy = trainer.accelerator.unwrap_model(trainer.model)
             reference = trainer.accelerator.unwrap_model(trainer.ref_model)
             sharding.copy_weights(reference, policy, args.ref_model_mixup_alpha)
+
+
+def _row_excerpt(row: dict) -> str:
+    """A short view of a dataset row for an error line: its columns, each value cut."""
+    return ", ".join(f"{k}={str(v)[:40]!r}" for k, v in list(row.items())[:4])

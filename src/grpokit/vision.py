@@ -248,20 +248,39 @@ def _undecoded_rows(dataset, column: str):
 
 
 def refuse_images_without_processor(dataset, processing_class, split: str = "train") -> None:
-    """An image column with a text-only tokenizer would train on prompts the model never sees the images of."""
+    """An image column with a text-only tokenizer would train on prompts the model never sees the images of: a map-style
+    dataset is checked whole here (its image column read through Arrow, not decoded); a stream's rows are checked as
+    they arrive (`refuse_image_row`)."""
     names = getattr(dataset, "column_names", None) or []
     column = next((c for c in IMAGE_COLUMNS if c in names), None)
-    if column is None or is_processor(processing_class):
+    if column is None or is_processor(processing_class) or not hasattr(dataset, "__len__"):
+        return
+    if hasattr(dataset, "with_format"):  # a datasets.Dataset: only the image column's nulls are looked at
+        start = 0
+        for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=4096):
+            values = batch.column(column)
+            if values.null_count < len(values):
+                index = start + next(i for i, v in enumerate(values.is_null().to_pylist()) if not v)
+                prompt = dataset.select_columns(["prompt"])[index]["prompt"] if "prompt" in names else None
+                refuse_image_row({column: True, "prompt": prompt}, index, processing_class, split)
+            start += len(values)
         return
     for index, row in enumerate(dataset):
-        if row.get(column) is not None:
-            raise VisionError(
-                f"{split} row {index}: has an image (column {column!r}) but the model is text-only (its processing "
-                f"class is a tokenizer, {type(processing_class).__name__}); train a vision-language model with its "
-                "AutoProcessor, or drop the column"
-            )
-        if index >= 64:  # a column of Nones so far: checked as rows arrive
-            return
+        refuse_image_row(row, index, processing_class, split)
+
+
+def refuse_image_row(row: dict, index: int, processing_class, split: str = "train") -> None:
+    """A `VisionError` naming the row when it has an image and the model is text-only."""
+    if is_processor(processing_class):
+        return
+    column = next((c for c in IMAGE_COLUMNS if row.get(c) is not None), None)
+    if column is not None:
+        prompt = " ".join(str(row.get("prompt"))[:60].split())
+        raise VisionError(
+            f"{split} row {index} (prompt {prompt!r}): has an image (column {column!r}) but the model is text-only (its "
+            f"class is a tokenizer, {type(processing_class).__name__}); train a vision-language model with its "
+            "AutoProcessor, or drop the column"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ encoding

@@ -244,6 +244,8 @@ def test_help_groups_the_agent_fields():
         "environment_factory",
         "max_tool_calling_iterations",
         "tool_timeout",
+        "tool_round_timeout",
+        "max_tool_result_chars",
     ]
 
 

@@ -32,6 +32,8 @@ EXTRAS = {
         "max_nonfinite_steps",
         "reward_timeout",
         "tool_timeout",
+        "tool_round_timeout",
+        "max_tool_result_chars",
         "max_unscorable_rounds",
         "resume_allow_changes",
         "overwrite_output_dir",

@@ -12,7 +12,7 @@ from grpokit.generation import check_prompt_lengths, encode_prompts, is_conversa
 from .environments import Environments, environment_tools
 from .loop import LoopResult, run_tool_loop, tool_suffix_ids
 from .parsing import check_tool_template, parse_turn
-from .tools import ToolBox
+from .tools import DEFAULT_MAX_RESULT_CHARS, ToolBox
 
 
 class Agent:
@@ -24,6 +24,8 @@ class Agent:
             rows' `environment` column (see `grpokit.agents.environments`).
         max_iterations: the most tool rounds per rollout (`max_tool_calling_iterations`); None: no cap.
         timeout: seconds one tool call may take before it ends with an error result; None: no limit.
+        round_timeout: seconds one round's calls (all rollouts') may take together (`tool_round_timeout`).
+        max_result_chars: the most characters of a tool result the model sees (`max_tool_result_chars`).
     """
 
     def __init__(
@@ -33,11 +35,15 @@ class Agent:
         *,
         max_iterations: int | None = None,
         timeout: float | None = None,
+        round_timeout: float | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     ):
         self.tools = list(tools or [])
         self.environments = None if environment_factory is None else Environments(environment_factory)
         self.max_iterations = max_iterations
         self.timeout = timeout
+        self.round_timeout = round_timeout
+        self.max_result_chars = max_result_chars
         probes = self.environments.probes() if self.environments is not None else {None: None}
         # The schemas rendered into each environment's prompts (checked now: a tool that cannot be described is
         # refused before any model loads).
@@ -66,16 +72,28 @@ class Agent:
         prompts, with what `reset` returned appended."""
         self.last = None
         prompts = [row.get("prompt", [{"role": "user", "content": ""}]) for row in rows]
+        limits = {"max_result_chars": self.max_result_chars}
         if self.environments is None:
             self._names = [None] * len(rows)
-            self._toolboxes = [ToolBox(self.tools, self.timeout)] * len(rows)
+            self._toolboxes = [ToolBox(self.tools, self.timeout, **limits)] * len(rows)
             return prompts
+        for box in self._toolboxes:  # an environment a call was abandoned in is never handed out again
+            if box.environment_lost:
+                self.environments.retire(box.environment)
         prompts = self.environments.start(rows, prompts)
         self._names = self.environments.names_of(rows)
         self._toolboxes = [
-            ToolBox(self.tools + environment_tools(instance), self.timeout) for instance in self.environments.instances
+            ToolBox(self.tools, self.timeout, **limits)  # a rollout whose reset failed gets no environment tools
+            if instance is None
+            else ToolBox(self.tools + environment_tools(instance), self.timeout, environment=instance, **limits)
+            for instance in self.environments.live_instances()
         ]
         return prompts
+
+    @property
+    def failed_resets(self) -> list:
+        """This batch's rollouts whose environment's `reset` raised: `(row index, environment, error)`."""
+        return [] if self.environments is None else list(self.environments.failed)
 
     def generate(self, prompts: list, *, tokenizer, generator, settings, dist: Collective = LOCAL) -> tuple:
         """Generate whole rollouts for `prompts` (this batch's, after `start`): TRL's 8-tuple `(prompt_ids,
@@ -138,7 +156,10 @@ class Agent:
             max_iterations=self.max_iterations,
             max_completion_length=settings.max_completion_length,
             max_positions=min((p for p in (settings.max_positions, settings.engine_positions) if p), default=None),
+            round_timeout=self.round_timeout,
             dist=dist,
         )
         loop = self.last
+        for index, _, _ in self.failed_resets:  # a rollout whose environment failed to reset trains nothing
+            loop.tool_mask[index] = [0] * len(loop.tool_mask[index])
         return prompt_ids, loop.completion_ids, loop.tool_mask, loop.completions, loop.logprobs, {}, None, []

@@ -54,6 +54,8 @@ class Environments:
             if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in self.reward_classes:
                 self.reward_classes.append(type(instance))
         self.instances: list | None = None  # this batch's, one per row
+        self.failed: list[tuple[int, Any, str]] = []  # this batch's rows whose reset raised: (row, name, error)
+        self._broken: set[int] = set()  # ids of this batch's instances whose reset raised
 
     def probes(self) -> dict[Any, Any]:
         """One instance of each environment (the first of its pool)."""
@@ -82,16 +84,37 @@ class Environments:
             taken[name] = index + 1
             self.instances.append(self.pool[name][index])
         out = []
-        for prompt, row, instance in zip(prompts, rows, self.instances, strict=True):
+        self.failed = []
+        self._broken.clear()  # (in place: the reward functions hold this set)
+        for index, (prompt, row, instance, name) in enumerate(zip(prompts, rows, self.instances, names, strict=True)):
             kwargs = {k: v for k, v in row.items() if k != "environment"} if self.routed else dict(row)
-            observation = instance.reset(**kwargs)
-            out.append(prompt if observation is None else _appended(prompt, observation))
+            try:
+                observation = instance.reset(**kwargs)
+                out.append(prompt if observation is None else _appended(prompt, observation))
+            except Exception as exc:  # noqa: BLE001 - the rollout fails, the run goes on (KeyboardInterrupt: the user)
+                self.failed.append((index, name if self.routed else type(instance).__name__, _said(exc)))
+                self._broken.add(id(instance))
+                self.retire(instance)
+                out.append(prompt)
         return out
+
+    def live_instances(self) -> list:
+        """This batch's instances, None where `reset` raised."""
+        return [None if id(instance) in self._broken else instance for instance in self.instances or []]
+
+    def retire(self, instance) -> None:
+        """Never hand `instance` out again (its reset raised, or a call of it was abandoned while still running): a
+        later batch gets a fresh one from the factory."""
+        for instances in self.pool.values():
+            for i, pooled in enumerate(instances):
+                if pooled is instance:
+                    del instances[i]
+                    return
 
     def reward_functions(self) -> list[Callable]:
         """One reward function per environment class with `get_reward`, named after the class: it scores the rows
-        whose environment is exactly that class, None elsewhere."""
-        return [_reward_of(cls) for cls in self.reward_classes]
+        whose environment is exactly that class, None elsewhere (and where its reset raised)."""
+        return [_reward_of(cls, self._broken) for cls in self.reward_classes]
 
 
 def _label(name) -> str:
@@ -112,16 +135,21 @@ def _appended(prompt, observation):
     return [*prompt[:-1], {**last, "content": content + observation}]
 
 
-def _reward_of(cls: type) -> Callable:
+def _said(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _reward_of(cls: type, broken: set[int]) -> Callable:
     if inspect.iscoroutinefunction(cls.get_reward):
 
         async def reward(completions, environments=None, **kwargs):
-            return [await e.get_reward() if type(e) is cls else None for e in environments]
+            return [await e.get_reward() if type(e) is cls and id(e) not in broken else None for e in environments]
 
     else:
 
         def reward(completions, environments=None, **kwargs):
-            return [e.get_reward() if type(e) is cls else None for e in environments]
+            return [e.get_reward() if type(e) is cls and id(e) not in broken else None for e in environments]
 
     reward.__name__ = reward.__qualname__ = cls.__name__
     return reward

@@ -10,6 +10,7 @@ the model generated.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -84,6 +85,7 @@ def run_tool_loop(
     max_iterations: int | None,
     max_completion_length: int,
     max_positions: int | None = None,
+    round_timeout: float | None = None,
     dist: Collective = LOCAL,
 ) -> LoopResult:
     """Run the tool loop over one process's rollouts.
@@ -100,6 +102,8 @@ def run_tool_loop(
         max_completion_length: a round whose tool turn would make the completion longer is dropped (the rollout
             ends with the turn before it, its calls still counted); a turn generated after it is cut to fit.
         max_positions: likewise for the whole sequence against the model's positions.
+        round_timeout: seconds all of one round's tool calls (every rollout's) may take together; calls not done by
+            then end with an error result, and later ones of the round do not start. None: no cap.
         dist: every process runs the same number of rounds (a generation backend may need every process in each
             call); one with nothing left generates a throwaway turn.
     """
@@ -117,8 +121,9 @@ def run_tool_loop(
     rounds = 0
     while rounds < cap and _anyone(dist, pending):
         sequences, kept = [], []
+        deadline = None if round_timeout is None else time.monotonic() + round_timeout
         for i in pending:
-            calls = toolboxes[i].run(result.completions[i][-1]["tool_calls"])
+            calls = toolboxes[i].run(result.completions[i][-1]["tool_calls"], deadline)
             result.calls[i].extend(calls)
             messages = [call.message() for call in calls]
             sequence = prompt_ids[i] + completion_ids[i] + suffix(messages)

@@ -114,6 +114,8 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "environment_factory",
             "max_tool_calling_iterations",
             "tool_timeout",
+            "tool_round_timeout",
+            "max_tool_result_chars",
         ),
     ),
     (

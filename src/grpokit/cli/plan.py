@@ -453,5 +453,14 @@ def agent_plan(values) -> list[tuple[str, object, str]] | None:
             ("longest engine input", longest, "prompt + completion so far: the input of a rollout's last turn")
         )
     wait = "no limit (tool_timeout: null)" if timeout is None else f"{timeout:g} s per call"
+    round_cap = values.get("tool_round_timeout")
+    wait += ", no cap per round" if round_cap is None else f", at most {round_cap:g} s per round"
     rows.append(("tool wait per round", wait, "sync calls of a turn run one after another, async calls together"))
+    rows.append(
+        (
+            "tool result",
+            f"<= {values.get('max_tool_result_chars', 65536)} characters",
+            "max_tool_result_chars: a longer result is cut before it is rendered, with a line the model sees",
+        )
+    )
     return rows

@@ -1043,6 +1043,22 @@ TABLE = {'fields': [{'name': 'output_dir',
              'owner': 'GRPOConfig',
              'init': True,
              'default': 120.0},
+            {'name': 'tool_round_timeout',
+             'type': ['union', [['float'], ['none']]],
+             'help': "Seconds all tool calls of one tool round (every rollout's, on one process) may take together; "
+                     'calls still running then end with an error result, and calls not started yet are not run. The '
+                     'trainer never waits longer for a round. null: no cap. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 600.0},
+            {'name': 'max_tool_result_chars',
+             'type': ['int'],
+             'help': 'Most characters of one tool result the model sees (and the completion logs keep): a longer one '
+                     'is cut, ending with a line saying how much was cut, before it is rendered or tokenized. grpokit '
+                     'extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 65536},
             {'name': 'use_transformers_continuous_batching',
              'type': ['bool'],
              'help': "Generate with transformers' continuous batching (`generate_batch`: a paged KV cache, finished "

@@ -246,6 +246,22 @@ class GRPOConfig(TrainingArguments):
             "waits forever. grpokit extension."
         },
     )
+    tool_round_timeout: float | None = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds all tool calls of one tool round (every rollout's, on one process) may take together; "
+            "calls still running then end with an error result, and calls not started yet are not run. The "
+            "trainer never waits longer for a round. null: no cap. grpokit extension."
+        },
+    )
+    max_tool_result_chars: int = field(
+        default=65536,
+        metadata={
+            "help": "Most characters of one tool result the model sees (and the completion logs keep): a longer one "
+            "is cut, ending with a line saying how much was cut, before it is rendered or tokenized. grpokit "
+            "extension."
+        },
+    )
     use_transformers_continuous_batching: bool = field(
         default=False,
         metadata={

@@ -97,6 +97,8 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "max_tool_calling_iterations": (0, True, None, False),  # 0: calls are parsed, never run (TRL)
     "reward_timeout": (0, False, None, False),
     "tool_timeout": (0, False, None, False),
+    "tool_round_timeout": (0, False, None, False),
+    "max_tool_result_chars": (1, True, None, False),
     "max_unscorable_rounds": (1, True, None, False),
     "dynamic_sampling_min_reward_std": (0, True, None, False),
     "dynamic_sampling_max_rounds": (1, True, None, False),

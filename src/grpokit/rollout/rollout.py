@@ -198,6 +198,8 @@ def produce_rollout(
             reach the reward functions as columns.
     """
     processor, tokenizer = tokenizer, vision.tokenizer_of(tokenizer)
+    for i, row in enumerate(rows):  # a stream's rows are met here first
+        vision.refuse_image_row(row, i, processor, "batch")
     prompts = [
         vision.attach_images(row["prompt"], vision.row_images(row, i, "batch"), i, "batch")
         if vision.has_image_column(row)
