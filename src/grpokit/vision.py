@@ -277,9 +277,9 @@ def refuse_image_row(row: dict, index: int, processing_class, split: str = "trai
     if column is not None:
         prompt = " ".join(str(row.get("prompt"))[:60].split())
         raise VisionError(
-            f"{split} row {index} (prompt {prompt!r}): has an image (column {column!r}) but the model is text-only (its "
-            f"class is a tokenizer, {type(processing_class).__name__}); train a vision-language model with its "
-            "AutoProcessor, or drop the column"
+            f"{split} row {index}: has an image (column {column!r}) but the model is text-only (its processing class "
+            f"is a tokenizer, {type(processing_class).__name__}); train a vision-language model with its "
+            f"AutoProcessor, or drop the column (the row's prompt: {prompt!r})"
         )
 
 

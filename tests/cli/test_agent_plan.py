@@ -4,7 +4,7 @@ from grpokit.cli.plan import agent_plan
 
 
 def rows(**values):
-    base = {"max_completion_length": 512, "max_prompt_length": 256, "tool_timeout": 120.0}
+    base = {"max_completion_length": 512, "max_prompt_length": 256, "tool_timeout": 120.0, "tool_round_timeout": 600.0}
     out = agent_plan({**base, **values})
     return None if out is None else {name: value for name, value, _ in out}
 
@@ -21,7 +21,11 @@ def test_capped_rounds():
     assert plan["generation requests per rollout"] == "<= 4"  # the first turn + one per round
     assert plan["completion budget"] == 512
     assert plan["longest engine input"] == "768"  # 256 prompt + 512 completion
-    assert plan["tool wait per round"] == "120 s per call"
+    assert plan["tool wait per round"] == "120 s per call, at most 600 s per round"
+    assert plan["tool result"] == "<= 65536 characters"
+    assert (
+        rows(tools=["m:a"], tool_round_timeout=None, max_tool_result_chars=100)["tool result"] == "<= 100 characters"
+    )
 
 
 def test_uncapped_environments_and_no_timeout():
@@ -29,7 +33,8 @@ def test_uncapped_environments_and_no_timeout():
     assert plan["environments"] == 2 and plan["tools"] == 0
     assert plan["tool rounds per rollout"] == "no cap" and plan["generation requests per rollout"] == "1 + rounds"
     assert (
-        rows(environment_factory="e:Maze", tool_timeout=None)["tool wait per round"] == "no limit (tool_timeout: null)"
+        rows(environment_factory="e:Maze", tool_timeout=None, tool_round_timeout=None)["tool wait per round"]
+        == "no limit (tool_timeout: null), no cap per round"
     )
     assert rows(environment_factory="e:Maze", max_prompt_length=None)["longest engine input"] == "prompt + 512"
 

@@ -638,3 +638,98 @@ def test_tool_timeout_reaches_the_tools(tok, make_args):
         for c in rollouts[0].completions
     )
     assert last_log_with(trainer, "tools/failure_frequency")["tools/failure_frequency"] == 1.0
+
+
+# ---------------------------------------------------------------- hostile tools and environments, through train()
+
+
+def test_an_async_tool_raising_system_exit_does_not_end_training(tok, make_args):
+    async def leave(x: int) -> str:
+        """Leaves.
+
+        Args:
+            x: anything
+        """
+        raise SystemExit(f"bye {x}")
+
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[leave])
+    force(trainer, tok, lambda i, _: call("leave", {"x": i}) + "<eos>")
+    rollouts = capture_rollouts(trainer)
+    trainer.train()  # returns: the shared event loop did not die, nothing hangs
+    assert [c[1]["content"] for c in rollouts[0].completions] == [f"{{'error': 'bye {i}'}}" for i in range(4)]
+
+
+class Picky:
+    """Its reset raises on the row whose prompt is q1."""
+
+    def reset(self, **row):
+        if row["prompt"][0]["content"] == "q1":
+            raise RuntimeError("level q1 is corrupt")
+
+    def get_reward(self):
+        return 1.0
+
+    def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return "VAL"
+
+
+def test_a_reset_that_raises_fails_its_rollouts_and_training_goes_on(tok, make_args, caplog):
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, environment_factory=Picky)
+    force(trainer, tok, lambda i, _: call("lookup", {"key": "k"}) + "<eos>")
+    rollouts = capture_rollouts(trainer)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    (rollout,) = rollouts
+    prompts = [p[0]["content"] for p in rollout.prompts]
+    failed = [i for i, p in enumerate(prompts) if p == "q1"]
+    assert len(failed) == 2  # the two generations of row q1
+    for i in range(4):  # the failed rollouts train no token; the others train their own turns
+        trains = int((rollout.completion_mask[i] * rollout.tool_mask[i]).sum())
+        assert (trains == 0) == (i in failed), (i, trains)
+    assert rollout.rewards[:, 1].isnan().tolist() == [i in failed for i in range(4)]  # Picky's reward: None
+    assert last_log_with(trainer, "tools/reset_failures")["tools/reset_failures"] == 2.0
+    message = next(r.getMessage() for r in caplog.records if "failed to reset" in r.getMessage())
+    assert "Picky on batch row" in message and "RuntimeError: level q1 is corrupt" in message
+
+
+def test_a_round_where_every_reset_raises_stops_in_one_line(tok, make_args):
+    class Broken(Picky):
+        def reset(self, **row):
+            raise RuntimeError("no levels at all")
+
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, environment_factory=Broken)
+    force(trainer, tok, lambda i, _: "hi<eos>")
+    with pytest.raises(ValueError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("every environment of this generation round failed to reset")
+    assert "Broken.reset on batch row 0" in message and "RuntimeError: no levels at all" in message
+
+
+def test_a_huge_tool_result_is_cut_before_it_is_rendered(tok, make_args):
+    def dump(x: int) -> str:
+        """Dumps a lot.
+
+        Args:
+            x: anything
+        """
+        return "A" * 20_000_000
+
+    trainer = make_trainer(
+        tok,
+        make_args,
+        chat_rows(2),
+        reward_funcs=tool_reward,
+        tools=[dump],
+        args={"max_tool_result_chars": 40, "max_completion_length": 400},
+    )
+    force(trainer, tok, lambda i, _: call("dump", {"x": 1}) + "<eos>")
+    rollouts = capture_rollouts(trainer)
+    trainer.train()
+    expected = "A" * 40 + "\n[tool result cut: 19999960 more characters]"
+    assert [c[1]["content"] for c in rollouts[0].completions] == [expected] * 4

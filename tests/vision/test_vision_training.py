@@ -178,6 +178,40 @@ def test_an_image_in_a_text_only_models_prompt_is_refused(tmp_path):
         )
 
 
+def _text_rows_with_one_image(at: int, n: int = 100):
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "image": None} for i in range(n)]
+    rows[at]["image"] = random_image(at)
+    return datasets.Dataset.from_list(rows)
+
+
+def test_an_image_far_into_a_text_only_models_dataset_is_refused_by_row(tmp_path):
+    """Row 80 of 100: the whole dataset is looked at before the model trains (its image column only)."""
+    tokenizer = build_tokenizer()
+    with pytest.raises(ValueError, match=r"train row 80: has an image \(column 'image'\) but the model is text-only"):
+        GRPOTrainer(
+            model=build_model(tokenizer),
+            reward_funcs=length_reward,
+            args=config(tmp_path),
+            train_dataset=_text_rows_with_one_image(80),
+            processing_class=tokenizer,
+        )
+
+
+def test_an_image_in_a_text_only_models_stream_is_refused_when_its_row_arrives(tmp_path):
+    """The same rows as a stream: nothing to look at before training; the batch holding row 5 stops, naming it
+    (its place in the batch and its prompt), before anything is generated for it."""
+    tokenizer = build_tokenizer()
+    trainer = GRPOTrainer(
+        model=build_model(tokenizer),
+        reward_funcs=length_reward,
+        args=config(tmp_path, max_steps=8),  # 8 steps of 2 rows: all 16 rows, in the stream's shuffled order
+        train_dataset=_text_rows_with_one_image(5, n=16).to_iterable_dataset(),
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match=r"batch row \d+: has an image \(column 'image'\) .*'q5'"):
+        trainer.train()
+
+
 def test_a_vision_model_with_a_plain_tokenizer_is_refused(tmp_path):
     model, processor = build_vlm("llava")
     with pytest.raises(
