@@ -286,3 +286,22 @@ def test_a_reset_that_raises_fails_its_rollout_only():
     assert environments.instances[1] not in environments.pool[None]  # never handed out again
     environments.start([{"bad": None}], [[{"role": "user", "content": "q"}]])
     assert environments.failed == [] and reward([None], environments=environments.instances) == [1.0]
+
+
+def test_async_calls_abandoned_behind_a_blocked_loop_are_never_started_and_not_counted_forever():
+    """A call queued behind a tool that blocks the loop times out before it starts: when the loop frees up, it does
+    not run (its result was already reported), and it no longer counts as a running abandoned call."""
+    release = threading.Event()
+    ran = []
+    blocker = make_tool("blocker", lambda x: release.wait(20), is_async=True)
+    queued = make_tool("queued", lambda x: ran.append(x), is_async=True)
+    box = ToolBox([blocker, queued], timeout=0.2)
+    try:
+        results = box.run([call("blocker"), call("queued", {"x": 1})])  # started together on the same loop
+    finally:
+        release.set()
+    assert [r.result for r in results] == [{"error": "timed out after 0.2 s"}] * 2
+    deadline = time.monotonic() + 5
+    while tools_module._abandoned_calls() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tools_module._abandoned_calls() == 0 and ran == []

@@ -91,7 +91,9 @@ class Environments:
             try:
                 observation = instance.reset(**kwargs)
                 out.append(prompt if observation is None else _appended(prompt, observation))
-            except Exception as exc:  # noqa: BLE001 - the rollout fails, the run goes on (KeyboardInterrupt: the user)
+            except KeyboardInterrupt:  # in the trainer's own thread: the user's Ctrl-C
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the rollout fails, the run goes on
                 self.failed.append((index, name if self.routed else type(instance).__name__, _said(exc)))
                 self._broken.add(id(instance))
                 self.retire(instance)

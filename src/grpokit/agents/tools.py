@@ -126,7 +126,7 @@ class ToolBox:
             tool = self.tools.get(name)
             refusal = self._refusal(tool, name, arguments, deadline)
             if refusal is not None:
-                results[i] = _failure(name, arguments if isinstance(arguments, dict) else arguments, refusal, 0.0)
+                results[i] = _failure(name, arguments, refusal, 0.0)
             elif _is_async(tool):
                 started.append((i, name, arguments, _Running.start_async(tool, arguments, self.max_result_chars)))
             else:
@@ -151,17 +151,16 @@ class ToolBox:
         return None
 
     def _wait(self, name: str, tool: Callable, arguments: dict, running: _Running, deadline: float | None) -> ToolCall:
-        limits = [
-            t for t in (self.timeout, None if deadline is None else deadline - time.monotonic()) if t is not None
-        ]
-        wait = max(0.0, min(limits)) if limits else None
-        if running.done.wait(wait):
+        own = None if self.timeout is None else self.timeout - (time.perf_counter() - running.start)
+        round_left = None if deadline is None else deadline - time.monotonic()
+        limits = [t for t in (own, round_left) if t is not None]
+        if running.done.wait(max(0.0, min(limits)) if limits else None):
             return running.outcome(name, arguments)
         running.abandon()
         if getattr(tool, "__self__", None) is not None and tool.__self__ is self.environment:
             self.environment_lost = True
         seconds = time.perf_counter() - running.start
-        if self.timeout is not None and wait is not None and wait >= self.timeout:
+        if own is not None and (round_left is None or own <= round_left):
             return _failure(name, arguments, f"timed out after {self.timeout:g} s", seconds)
         return _failure(name, arguments, f"stopped after {seconds:.3g} s: this round's tool time is used up", seconds)
 
@@ -227,6 +226,8 @@ class _Running:
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         with self.lock:
+            if self.done.is_set():
+                return
             self.value, self.error = value, error
             self.done.set()
             if self.abandoned:
@@ -273,6 +274,9 @@ class _Running:
         running = cls()
 
         async def guarded():
+            if running.abandoned:  # its time ran out while the loop was busy: never started
+                running.finish(error=asyncio.CancelledError())
+                return
             try:
                 value = await tool(**arguments)
                 value = bounded_result(value, limit)
@@ -286,6 +290,8 @@ class _Running:
 
         def schedule():
             running.task = loop.create_task(guarded())
+            # cancelled before its first step, the coroutine's body never runs: its end is still recorded
+            running.task.add_done_callback(lambda _: running.finish(error=asyncio.CancelledError()))
 
         try:
             loop.call_soon_threadsafe(schedule)
