@@ -566,3 +566,70 @@ def test_a_live_trainers_lock_is_not_taken_by_another_process(tmp_path):
 
 def test_the_sandbox_is_still_available():
     sandbox.check_boundary("tests")
+
+
+# ------------------------------------------------------------------------------ cgroup lookup, on fake trees
+# (this machine has one hierarchy; the other is checked on a directory tree laid out as the kernel's would be)
+
+
+def _fake_cgroupfs(tmp_path, version: int, *, memory_enabled: bool = True):
+    root = tmp_path / "sys-fs-cgroup"
+    own = root / "user.slice" / "trainer.scope" if version == 2 else root / "memory" / "docker" / "abc"
+    own.mkdir(parents=True)
+    if version == 2:
+        (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+        (own / "cgroup.subtree_control").write_text("memory\n" if memory_enabled else "")
+        mounts = f"30 23 0:26 / {root} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        groups = "0::/user.slice/trainer.scope\n"
+    else:  # a container's view: the mount's root is the container's own cgroup
+        mounts = f"35 31 0:30 /docker/abc {root}/memory/docker/abc rw - cgroup cgroup rw,memory\n"
+        groups = "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n"
+    (tmp_path / "mountinfo").write_text("22 1 8:1 / / rw - ext4 /dev/vda rw\n" + mounts)
+    (tmp_path / "cgroup").write_text(groups)
+    return own
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_run_cgroups_are_found_made_and_read_on_both_hierarchies(tmp_path, version):
+    own = _fake_cgroupfs(tmp_path, version)  # (v1: the container's own cgroup is the mount point itself)
+    _cgroup.forget()
+    try:
+        hierarchy, reason = _cgroup.find("probe", mountinfo=str(tmp_path / "mountinfo"), own=str(tmp_path / "cgroup"))
+    finally:
+        _cgroup.forget()
+    assert reason == "" and hierarchy == _cgroup.Hierarchy(version, str(own))
+    # the lookup made a cgroup to be sure (a real cgroupfs removes it with its files; a plain folder keeps them)
+    assert (own / "probe" / ("memory.max" if version == 2 else "memory.limit_in_bytes")).read_text() == str(64 << 20)
+    path = hierarchy.create("run-1", 96 << 20)
+    written = {p.name: p.read_text() for p in (own / "run-1").iterdir()}
+    if version == 2:
+        assert written == {"memory.max": str(96 << 20), "memory.swap.max": "0", "memory.oom.group": "1"}
+        (own / "run-1" / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n")
+    else:
+        assert written == {"memory.limit_in_bytes": str(96 << 20), "memory.memsw.limit_in_bytes": str(96 << 20)}
+        (own / "run-1" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert hierarchy.oom_kills(path) == (1 if version == 2 else 2)
+
+
+def test_a_v2_cgroup_without_the_memory_controller_for_children_is_said(tmp_path):
+    own = _fake_cgroupfs(tmp_path, 2, memory_enabled=False)
+    os.chmod(own / "cgroup.subtree_control", 0o444)  # as for a cgroup the trainer does not own
+    _cgroup.forget()
+    try:
+        if os.geteuid() == 0:  # root writes read-only files: make the enabling fail as the kernel would (EBUSY)
+            (own / "cgroup.subtree_control").unlink()
+            (own / "cgroup.subtree_control").mkdir()
+        hierarchy, reason = _cgroup.find("probe", mountinfo=str(tmp_path / "mountinfo"), own=str(tmp_path / "cgroup"))
+    finally:
+        _cgroup.forget()
+    assert hierarchy is None and reason.startswith(f"cannot enable the memory controller for children of {own}")
+
+
+def test_without_a_memory_cgroup_programs_still_run_and_it_is_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(_cgroup, "find", lambda *a, **k: (None, "no cgroup mount"))
+    monkeypatch.setattr(sandbox, "_WARNED_NO_CGROUP", type(sandbox._WARNED_NO_CGROUP)())
+    with caplog.at_level("WARNING", logger="grpokit.rewards"):
+        first, second = run_program("print(1)"), run_program("print(2)")
+    assert (first.stdout, second.stdout) == ("1\n", "2\n")
+    (record,) = [r for r in caplog.records if "memory cgroup" in r.getMessage()]
+    assert "no memory cgroup can be made here (no cgroup mount)" in record.getMessage()
