@@ -733,3 +733,32 @@ def test_a_huge_tool_result_is_cut_before_it_is_rendered(tok, make_args):
     trainer.train()
     expected = "A" * 40 + "\n[tool result cut: 19999960 more characters]"
     assert [c[1]["content"] for c in rollouts[0].completions] == [expected] * 4
+
+
+def test_a_tool_result_json_cannot_write_is_logged_as_its_text(tok, make_args, tmp_path):
+    """log_completions writes the calls to completions.jsonl and the parquet table: a result holding a set and an
+    object is recorded as the text the model saw."""
+    import json
+
+    class Opaque:
+        def __repr__(self):
+            return "<opaque>"
+
+    def odd(x: int) -> dict:
+        """Returns an odd object.
+
+        Args:
+            x: anything
+        """
+        return {"s": {1}, "o": Opaque()}
+
+    trainer = make_trainer(
+        tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[odd], args={"log_completions": True}
+    )
+    force(trainer, tok, lambda i, _: call("odd", {"x": i}) + "<eos>")
+    trainer.train()
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    results = [c["result"] for row in rows for c in row["tool_calls"]]
+    assert results == ["{'s': {1}, 'o': <opaque>}"] * 4
+    assert list((out / "completions").glob("completions_*.parquet"))
