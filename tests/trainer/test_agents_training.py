@@ -750,7 +750,7 @@ def test_a_tool_result_json_cannot_write_is_logged_as_its_text(tok, make_args, t
         Args:
             x: anything
         """
-        return {"s": {1}, "o": Opaque()}
+        return {"s": {1}, "o": Opaque()} if x % 2 else [Opaque(), {"type": "image", "image": Opaque()}]
 
     trainer = make_trainer(
         tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[odd], args={"log_completions": True}
@@ -759,6 +759,6 @@ def test_a_tool_result_json_cannot_write_is_logged_as_its_text(tok, make_args, t
     trainer.train()
     out = tmp_path / "out"
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    results = [c["result"] for row in rows for c in row["tool_calls"]]
-    assert results == ["{'s': {1}, 'o': <opaque>}"] * 4
+    results = sorted(str(c["result"]) for row in rows for c in row["tool_calls"])
+    assert results == ["[<opaque>, {'type': 'image', 'image': <opaque>}]"] * 2 + ["{'s': {1}, 'o': <opaque>}"] * 2
     assert list((out / "completions").glob("completions_*.parquet"))

@@ -273,7 +273,7 @@ class CompletionLog:
         from grpokit.config.redaction import redact
 
         def text(value):
-            return redact(value if isinstance(value, str) else json.dumps(value))
+            return redact(value if isinstance(value, str) else json.dumps(value, default=str))
 
         n = len(self.prompts)
         columns = {
