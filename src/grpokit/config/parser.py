@@ -88,3 +88,24 @@ class TrlParser(Resolver, HfArgumentParser):
         if return_remaining_strings:
             return (*resolution.instances, resolution.remaining)
         return tuple(resolution.instances)
+
+    def parse_args_into_dataclasses(
+        self,
+        args=None,
+        return_remaining_strings=False,
+        look_for_args_file=True,
+        args_filename=None,
+        args_file_flag=None,
+    ):
+        """`HfArgumentParser`'s method with its return shape (one instance per dataclass, then the remaining strings
+        when asked), resolved as `parse_args_and_config` does: strictly, with `--config` YAML files and `--recipe`
+        (TRL's version rejects `--config` here). The `.args` files of `HfArgumentParser` (`args_filename`,
+        `args_file_flag`) are refused in one line: use `--config FILE.yaml`. `look_for_args_file` is accepted for
+        compatibility and no such file is looked for."""
+        del look_for_args_file
+        if args_filename is not None or args_file_flag is not None:
+            raise ValueError(
+                "TrlParser.parse_args_into_dataclasses: `.args` files (args_filename, args_file_flag) are not read; "
+                "put the arguments in a YAML file and pass --config FILE.yaml"
+            )
+        return self.parse_args_and_config(args, return_remaining_strings=return_remaining_strings)
