@@ -191,3 +191,36 @@ def test_evaluate_on_an_iterable_eval_set(tiny_model, tiny_tokenizer, tmp_path):
     seen = [p for r in reward.rounds for p in r]
     assert sorted(seen) == ["ab", "ab", "cde", "cde", "fghi", "fghi"]
     assert all(seen[i] == seen[i + 1] for i in range(0, 6, 2))
+
+
+def test_iterable_sets_turn_dispatch_batches_off_as_trl_and_refuse_it_on(tmp_path):
+    """TRL 1.16's two checks: `dispatch_batches` ends False with a stream, and True is refused with its words."""
+    import datasets
+
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    stream = datasets.Dataset.from_dict({"prompt": ["ab", "cd", "ef"]}).to_iterable_dataset()
+
+    def make(**accelerator_config):
+        args = GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=3,
+            num_generations=3,
+            max_completion_length=4,
+            max_steps=1,
+            report_to="none",
+            accelerator_config=accelerator_config,
+        )
+        return GRPOTrainer(
+            model=build_model(tokenizer),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=stream,
+            processing_class=tokenizer,
+        )
+
+    assert make().args.accelerator_config.dispatch_batches is False
+    with pytest.raises(ValueError, match="Iterable datasets require `dispatch_batches=False`"):
+        make(dispatch_batches=True)

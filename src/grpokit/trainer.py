@@ -102,7 +102,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         reward_funcs = _as_list(reward_funcs)
         refuse_unknown_arguments(trl_only)  # a mistyped keyword: TypeError with "did you mean", before anything else
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents
-        train_dataset = self._training_rows(args, train_dataset)
+        train_dataset = self._training_rows(args, train_dataset, eval_dataset)
         check_before_loading(
             args, reward_funcs, train_dataset, bool(owned_rewards), model, quantization_config, peft_config
         )

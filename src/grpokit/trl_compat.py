@@ -159,9 +159,10 @@ class TRLCompatMixin:
             raise ValueError(str(exc)) from None
         return self.agent.reward_functions()
 
-    def _training_rows(self, args, train_dataset):
+    def _training_rows(self, args, train_dataset, eval_dataset=None):
         """`train_dataset`, required as in TRL unless one environment owns the data (its `reset` writes the prompt):
         then `max_steps` sets the length and one generation round of empty prompts, cycled, drives the loop."""
+        _dispatch_batches_off(args, train_dataset, eval_dataset)
         if train_dataset is not None:
             return _streamed(args, train_dataset)
         environments = None if self.agent is None else self.agent.environments
@@ -220,8 +221,27 @@ class TRLCompatMixin:
 
     @property
     def tools(self) -> list:
-        """The standalone tools (TRL's attribute lists the environments' methods too; these are per instance)."""
-        return [] if self.agent is None else list(self.agent.tools)
+        """TRL's attribute: the standalone tools, then the environments' methods (those of each environment's first
+        instance; every rollout calls its own instance's)."""
+        agent = getattr(self, "agent", None)
+        if agent is None:
+            return self.__dict__.get("_tools_without_agent") or []
+        return agent.all_tools()
+
+    @tools.setter
+    def tools(self, value) -> None:
+        """Replace the tools (functions), or the JSON schemas rendered into the prompts (dicts), as TRL scripts do
+        after building the trainer. On a trainer built without tools there is no tool loop to give them to."""
+        agent = getattr(self, "agent", None)
+        if agent is None:
+            if value and hasattr(self, "args"):
+                raise ValueError("trainer.tools: this trainer was built without tools; pass tools=[...] to it")
+            self.__dict__["_tools_without_agent"] = value  # a stand-in trainer (TRL's tests build them by hand)
+            return
+        try:
+            agent.set_tools(value)
+        except ToolError as exc:
+            raise ValueError(str(exc)) from None
 
     def _start_agent_batch(self, rows: list[dict]) -> list[dict]:
         """Rows with their prompts as the environments' `reset` extended them (the dataset's rows untouched)."""
@@ -342,6 +362,25 @@ class TRLCompatMixin:
         return generate_completions(
             prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings
         )
+
+
+def _dispatch_batches_off(args, train_dataset, eval_dataset) -> None:
+    """As TRL 1.16: with an iterable train or eval set, `accelerator_config.dispatch_batches` must not be True (the
+    stream's loader never dispatches batches here either), and it is set to False."""
+    from .rollout.stream import is_stream
+
+    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    if not (is_stream(train_dataset) or any(is_stream(d) for d in evals if d is not None)):
+        return
+    config = getattr(args, "accelerator_config", None)
+    if config is None or not hasattr(config, "dispatch_batches"):
+        return
+    if config.dispatch_batches:
+        raise ValueError(
+            "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in `accelerator_config`. "
+            "Please set it to `False`."
+        )
+    config.dispatch_batches = False
 
 
 def _streamed(args, train_dataset):

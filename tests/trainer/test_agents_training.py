@@ -762,3 +762,30 @@ def test_a_tool_result_json_cannot_write_is_logged_as_its_text(tok, make_args, t
     results = sorted(str(c["result"]) for row in rows for c in row["tool_calls"])
     assert results == ["[<opaque>, {'type': 'image', 'image': <opaque>}]"] * 2 + ["{'s': {1}, 'o': <opaque>}"] * 2
     assert list((out / "completions").glob("completions_*.parquet"))
+
+
+# ----------------------------------------------------------------------- trainer.tools, as TRL's tests use it
+
+
+def test_trainer_tools_lists_the_environments_methods_too(tok, make_args):
+    """TRL's `trainer.tools`: the standalone tools, then each environment's public methods (not reset/get_reward)."""
+    trainer = make_trainer(tok, make_args, chat_rows(2), tools=[boom], environment_factory=Picky)
+    assert [t.__name__ for t in trainer.tools] == ["boom", "lookup"]
+    assert trainer.tools[0] is boom and type(trainer.tools[1].__self__) is Picky
+
+
+def test_setting_trainer_tools_replaces_the_tools_or_the_rendered_schemas(tok, make_args):
+    from grpokit import GRPOTrainer
+
+    trainer = make_trainer(tok, make_args, chat_rows(2), reward_funcs=tool_reward, tools=[lookup])
+    trainer.tools = [boom]
+    assert [t.__name__ for t in trainer.tools] == ["boom"]
+    assert [s["function"]["name"] for s in trainer.agent.schemas[None]] == ["boom"]
+    schema = {"type": "function", "function": {"name": "boom", "description": "exact", "parameters": {}}}
+    trainer.tools = [schema]  # a script rendering its own exact schemas: the calls still run `boom`
+    assert trainer.agent.schemas[None] == [schema] and [t.__name__ for t in trainer.tools] == ["boom"]
+    with pytest.raises(ValueError, match="give a list of functions, or a list of JSON schema dicts"):
+        trainer.tools = ["boom"]
+    stand_in = object.__new__(GRPOTrainer)  # as TRL's tests build a trainer by hand
+    stand_in.tools = None
+    assert stand_in.tools == []

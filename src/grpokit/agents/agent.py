@@ -12,7 +12,7 @@ from grpokit.generation import check_prompt_lengths, encode_prompts, is_conversa
 from .environments import Environments, environment_tools
 from .loop import LoopResult, run_tool_loop, tool_suffix_ids
 from .parsing import check_tool_template, parse_turn
-from .tools import DEFAULT_MAX_RESULT_CHARS, ToolBox
+from .tools import DEFAULT_MAX_RESULT_CHARS, ToolBox, ToolError
 
 
 class Agent:
@@ -54,6 +54,34 @@ class Agent:
         self._names: list = []
         self._toolboxes: list[ToolBox] = []
         self.last: LoopResult | None = None  # the latest batch's loop, for metrics and completion records
+
+    def all_tools(self) -> list[Callable]:
+        """The standalone tools, then each environment's methods (of its first instance) not already named: TRL's
+        `trainer.tools`."""
+        found, names = list(self.tools), {getattr(t, "__name__", None) for t in self.tools}
+        probes = self.environments.probes() if self.environments is not None else {}
+        for probe in probes.values():
+            for method in environment_tools(probe):
+                if method.__name__ not in names:
+                    names.add(method.__name__)
+                    found.append(method)
+        return found
+
+    def set_tools(self, tools: Sequence[Callable | dict]) -> None:
+        """Replace the standalone tools (callables), or the tool schemas rendered into the prompts (JSON schema
+        dicts, as a script that renders exact schemas of its own sets them; calls still run the tools by name)."""
+        tools = list(tools or [])
+        if all(isinstance(t, dict) for t in tools) and tools:
+            self.schemas = {name: list(tools) for name in self.schemas}
+            return
+        if not all(callable(t) for t in tools):
+            raise ToolError("trainer.tools: give a list of functions, or a list of JSON schema dicts to render")
+        self.tools = tools
+        probes = self.environments.probes() if self.environments is not None else {None: None}
+        self.schemas = {
+            name: ToolBox(self.tools + ([] if probe is None else environment_tools(probe))).schemas()
+            for name, probe in probes.items()
+        }
 
     @property
     def instances(self) -> list | None:

@@ -40,6 +40,7 @@ class Environments:
         if not self.factories:
             raise EnvironmentProblem("environment_factory: an empty mapping names no environment")
         self.pool: dict[Any, list] = {}
+        self._probes: dict[Any, Any] = {}  # the first instance of each, kept even when the pool retires it
         self.reward_classes: list[type] = []  # classes that define get_reward, in order, each once
         for name, make in self.factories.items():
             if not callable(make):
@@ -51,6 +52,7 @@ class Environments:
                     "environment must define reset(**row) (it may return text to append to the prompt)"
                 )
             self.pool[name] = [instance]
+            self._probes[name] = instance
             if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in self.reward_classes:
                 self.reward_classes.append(type(instance))
         self.instances: list | None = None  # this batch's, one per row
@@ -58,8 +60,8 @@ class Environments:
         self._broken: set[int] = set()  # ids of this batch's instances whose reset raised
 
     def probes(self) -> dict[Any, Any]:
-        """One instance of each environment (the first of its pool)."""
-        return {name: instances[0] for name, instances in self.pool.items()}
+        """One instance of each environment (the first one made, at construction)."""
+        return dict(self._probes)
 
     def names_of(self, rows: list[dict]) -> list:
         names = [row.get("environment") if self.routed else None for row in rows]
