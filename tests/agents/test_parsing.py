@@ -118,6 +118,18 @@ def test_plain_template_is_refused():
     assert "\n" not in str(info.value)
 
 
+def test_an_in_memory_tokenizer_is_named_and_the_tiny_helper_offered():
+    """A tokenizer built in memory has no path: the line names its class, and the tiny helper that does tools."""
+    tokenizer = build_tokenizer()
+    with pytest.raises(TemplateError) as info:
+        check_tool_template(tokenizer, name="")
+    message = str(info.value)
+    kind = type(tokenizer).__name__
+    assert message.startswith(f"the tokenizer ({kind}, built in memory)'s chat template ignores tools")
+    assert message.endswith("grpokit.tiny.build_tool_tokenizer() gives a tokenizer that does tools")
+    check_tool_template(build_tool_tokenizer(), name="")  # and that one passes
+
+
 def test_tool_template_without_single_token_delimiters_is_refused():
     plain = build_tokenizer()
     plain.chat_template = TOOL_CHAT_TEMPLATE  # renders tools, but <tool_call> is 11 characters here

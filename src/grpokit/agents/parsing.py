@@ -37,9 +37,13 @@ def hermes_delimiters(tokenizer) -> tuple[int, int] | None:
     return ids[0], ids[1]
 
 
+_TINY = "; for a tiny offline model, grpokit.tiny.build_tool_tokenizer() gives a tokenizer that does tools"
+
+
 def check_tool_template(tokenizer, chat_template_kwargs: dict | None = None, name: str = "the tokenizer") -> None:
     """Raise a one-line `TemplateError` unless `tokenizer` renders a whole tool conversation (user, assistant with a
     tool call, tool result) and its turns can be parsed for tool calls."""
+    name = name or f"the tokenizer ({type(tokenizer).__name__}, built in memory)"
     probe = {
         "type": "function",
         "function": {
@@ -64,12 +68,12 @@ def check_tool_template(tokenizer, chat_template_kwargs: dict | None = None, nam
     except Exception as exc:  # noqa: BLE001 - any template failure means the same thing here
         raise TemplateError(
             f"{name}'s chat template cannot render a tool-calling conversation ({' '.join(str(exc).split())[:200]}): "
-            "use a tool-capable template (e.g. Qwen2.5/Qwen3's) or set tokenizer.chat_template"
+            f"use a tool-capable template (e.g. Qwen2.5/Qwen3's) or set tokenizer.chat_template{_TINY}"
         ) from None
     if "probe" not in str(rendered):
         raise TemplateError(
             f"{name}'s chat template ignores tools and tool calls (the rendered conversation does not name the tool): "
-            "use a tool-capable template (e.g. Qwen2.5/Qwen3's) or set tokenizer.chat_template"
+            f"use a tool-capable template (e.g. Qwen2.5/Qwen3's) or set tokenizer.chat_template{_TINY}"
         )
     if not has_response_parser(tokenizer) and hermes_delimiters(tokenizer) is None:
         raise TemplateError(
