@@ -404,6 +404,12 @@ def build_models(model, processing_class, peft_config, args, quantization_config
         # A batch without images leaves the vision tower without gradients: DDP must look for unused parameters, as
         # TRL sets it (reentrant activation checkpointing cannot, so it is left alone there).
         args.ddp_find_unused_parameters = True
+    elif args.ddp_find_unused_parameters is None and not hasattr(
+        model.config.get_text_config(), "output_router_logits"
+    ):
+        # A text model without experts uses every trainable parameter at every step: transformers' default (True
+        # without activation checkpointing) only costs DDP a graph traversal per step and a warning on every rank.
+        args.ddp_find_unused_parameters = False
     return TrainerModels(model, tokenizer, reference, model_path, eos_ids, coef, enabled)
 
 
