@@ -88,3 +88,18 @@ def test_a_local_model_path_that_does_not_exist(tmp_path, monkeypatch, written):
                               "--reward_funcs", "tag_count", "--output_dir", out)  # fmt: skip
     assert code == 2 and errors == [f"error: model_name_or_path={typo!r}: does not exist; did you mean {near!r}?"]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["--model_name_or_path", "m", "--dataset_name", "d.jsonl"], ["--demo"]])
+def test_a_mistyped_flag_is_refused_before_transformers_or_torch_load(command):
+    """The light path (as `config validate`) judges the flags first: the refusal comes before the seconds of heavy
+    imports, for a run and for the demo (before it writes its model)."""
+    code = (
+        "import sys\nfrom grpokit.cli.commands import _main\n"
+        f"rc = _main(['train', *{command!r}, '--learnig_rate', '1e-5'])\n"
+        "print(rc, sorted(m for m in ('transformers', 'torch', 'datasets') if m in sys.modules))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPOKIT_SUPERVISED": os.devnull}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.stdout == "2 []\n", result.stderr
+    assert result.stderr == "error: --learnig_rate (cli): unknown argument; did you mean --learning_rate?\n"

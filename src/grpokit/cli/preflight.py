@@ -120,10 +120,32 @@ def installation_notes(resolution) -> list[str]:
     return _reward_dependency_problems(resolution.instances[0])
 
 
+def light_config_errors(argv) -> bool:
+    """Resolve `argv` on the light path first (no transformers or torch: `grpokit.config.light`, as `config validate`
+    does) and print its problems: True when there were any, so that a mistyped flag is refused in a fraction of a
+    second instead of after the heavy imports. A configuration the light path cannot judge alone says nothing here."""
+    from grpokit.cli.launch_presets import LAUNCH
+    from grpokit.config.light import light_resolver
+    from grpokit.config.resolver import FullPathNeeded
+    from grpokit.config.rules import ConfigError
+
+    try:
+        light_resolver().resolve(argv, launch_options=LAUNCH)
+    except FullPathNeeded:
+        return False
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print_error(problem.line())
+        return True
+    return False
+
+
 def check_train_args(argv):
     """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
     the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
     for the processes they ask for."""
+    if light_config_errors(argv):
+        return None, []
     from grpokit.checkpoints import check_resume
     from grpokit.cli.launch_presets import LAUNCH
     from grpokit.config.agents import tool_loop_problems

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import os
 
-from grpokit.records.recorder import RunRecorder, is_eval_log
-
 __all__ = ["RunRecorder", "closing_message", "is_eval_log", "library_progress_bars"]
+
+
+def __getattr__(name: str):
+    """`RunRecorder` and `is_eval_log`, imported when first asked for: the recorder is a transformers callback, and
+    `grpokit train` must be able to refuse a mistyped flag before transformers loads (seconds)."""
+    if name in ("RunRecorder", "is_eval_log"):
+        from grpokit.records import recorder
+
+        return getattr(recorder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def closing_message(output_dir: str, plot_path: str | None, *, adapter: bool = False, records: bool = True) -> str:
