@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["RunRecorder", "closing_message", "is_eval_log", "library_progress_bars"]
+__all__ = ["RunRecorder", "closing_message", "is_eval_log", "library_progress_bars"]  # noqa: F822 - lazy, below
 
 
 def __getattr__(name: str):
