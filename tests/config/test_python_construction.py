@@ -33,3 +33,30 @@ def test_streaming_and_bias_buffers_are_accepted():
         GRPOScriptArguments(dataset_streaming=True, ignore_bias_buffers=True), DatasetMixtureConfig(streaming=True)
     )
     assert lines == []  # streaming: groups formed on the fly (grpokit.rollout.stream)
+
+
+def test_every_problem_of_a_python_config_is_reported_at_once(tmp_path):
+    """As the YAML path does: a bad learning_rate, a bad top_p and an impossible batch geometry, in one error."""
+    from grpokit.config.rules import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(
+            output_dir=str(tmp_path), learning_rate=-1, top_p=2.0, per_device_train_batch_size=3, num_generations=2
+        )
+    lines = str(info.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["learning_rate=-1.0", "top_p=2.0", "num_generations=2"]
+    assert "must be divisible by num_generations = 2" in lines[2]
+
+
+def test_an_unknown_keyword_is_reported_with_the_other_problems(tmp_path):
+    from grpokit.config.suggest import UnknownArgumentError
+
+    with pytest.raises(UnknownArgumentError) as info:  # a TypeError, as Python's own
+        GRPOConfig(output_dir=str(tmp_path), learnig_rate=1e-5, top_p=2.0, per_device_train_batch_size=3)
+    unknown, top_p, geometry = str(info.value).splitlines()
+    assert (
+        unknown
+        == "GRPOConfig.__init__() got an unexpected keyword argument 'learnig_rate'; did you mean 'learning_rate'?"
+    )
+    assert top_p == "top_p=2.0: must be > 0 and <= 1; nearest valid value: 1"
+    assert geometry.startswith("num_generations=8: the generation batch 3 ")  # 3 rows, groups of 8 (the default)

@@ -8,13 +8,13 @@ description of a field; `grpokit config schema` and `--help` are built from it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from transformers import TrainingArguments
 
 from .redaction import register_fields
-from .rules import derive_batch_geometry, validate_instance
+from .rules import ConfigError, check_fields, check_geometry, derive_batch_geometry, type_problems, validate_instance
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -669,10 +669,11 @@ class GRPOConfig(TrainingArguments):
         config = super().__new__(cls)
         names = [f.name for f in fields(cls) if f.init]
         unknown = [key for key in kwargs if key not in names]
-        if unknown:  # a TypeError as Python's own, with the nearest field name
+        if unknown:  # a TypeError as Python's own, with the nearest field name, and the other values' problems
             from .suggest import UnknownArgumentError
 
-            raise UnknownArgumentError(f"{cls.__name__}.__init__", unknown, names)
+            known = {key: value for key, value in kwargs.items() if key not in unknown}
+            raise UnknownArgumentError(f"{cls.__name__}.__init__", unknown, names, _problems_of(cls, known))
         object.__setattr__(config, "_explicit_fields", frozenset(names[: len(args)]) | frozenset(kwargs))
         return config
 
@@ -692,7 +693,10 @@ class GRPOConfig(TrainingArguments):
             _apply_recipe_defaults(self)
         if self.debug is None:  # what HfArgumentParser gives for the unset list field; transformers reads it as ""
             self.debug = ""
-        validate_instance(self)
+        try:
+            validate_instance(self)
+        except ConfigError as exc:  # the batch geometry's problems too, as the YAML path reports them together
+            raise ConfigError([*exc.problems, *_geometry_problems(vars(self), self)]) from None
         # The configuration is judged, not the machine: TrainingArguments would reject bf16/tf32 on a CPU-only
         # machine, so they are held back here and checked (and applied) when training starts; see `precision.py`.
         if getattr(self, "activation_checkpointing", False) is None:  # a field from transformers 5.20 on
@@ -717,6 +721,29 @@ class GRPOConfig(TrainingArguments):
         for name, value in derived.items():
             setattr(self, name, value)
         register_fields(self)  # hub_token: redacted from logs and output files from now on
+
+
+def _geometry_problems(values: dict, config) -> list:
+    """The batch geometry's problems at the planned or launched process count, for an error that reports others:
+    none when the values are too broken to judge it."""
+    processes = (getattr(config, "_planned_geometry", None) or (int(os.environ.get("WORLD_SIZE", "1") or 1),))[0]
+    try:
+        return check_geometry(values, processes)[1]
+    except Exception:  # noqa: BLE001 - a value of the wrong type is reported already
+        return []
+
+
+def _problems_of(cls, given: dict) -> list[str]:
+    """The problem lines of `given` keyword arguments over the defaults (types, rules, batch geometry), for an error
+    about unknown keywords to report with them. A recipe fills values later: with one, only the types are judged."""
+    defaults = {f.name: f.default for f in fields(cls) if f.init and f.default is not MISSING}
+    try:
+        coerced, problems = type_problems({**defaults, **given}, cls)
+        if "recipe" not in given:
+            problems += check_fields(coerced, defaults) + _geometry_problems(coerced, None)
+    except Exception:  # noqa: BLE001 - the unknown keywords are the error; these lines only add to it
+        return []
+    return [p.line() for p in problems]
 
 
 # open-r1's Weights & Biases fields -> the variables wandb reads when the run starts.

@@ -24,7 +24,7 @@ class UnknownArgumentError(TypeError):
     nearest valid name: `GRPOConfig.__init__() got an unexpected keyword argument 'num_generation'; did you mean
     'num_generations'?`. A key TRL or transformers renamed names its new name and why."""
 
-    def __init__(self, owner: str, unknown, known):
+    def __init__(self, owner: str, unknown, known, more: list[str] | None = None):
         from .migrations import RENAMED_KEYS
 
         known = list(known)
@@ -36,5 +36,5 @@ class UnknownArgumentError(TypeError):
             if near is not None:
                 line += f"; did you mean {near!r}?" + (f" ({why})" if new == near and why else "")
             lines.append(line)
-        self.lines = lines
-        super().__init__("\n".join(lines))
+        self.lines = lines + list(more or [])  # the other problems of the same call, found at the same time
+        super().__init__("\n".join(self.lines))
