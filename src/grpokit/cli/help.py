@@ -392,18 +392,30 @@ def field_entry(name: str, dtype, f: dataclasses.Field, width: int) -> list[str]
 
 
 def train_help(*, full: bool = False) -> str:
-    """`grpokit train --help` (full=False: the last group only counted) or `--help-all` (every field)."""
+    """`grpokit train --help` (full=False: the options, then each group's field names, a few lines each) or
+    `--help-all` (every field with its type, default and first sentence of help)."""
     width = _columns()
     owners = train_fields()
     lines = [TRAIN_USAGE, "", *_wrap_paragraphs(TRAIN_INTRO, width), "", "options:"]
     for flag, text in TRAIN_OPTIONS:
         lines += _entry(flag, text, width)
     lines += ["", *_wrap_paragraphs(TRAIN_FLAGS_NOTE, width)]
+    if not full:
+        lines += ["", "fields, by concern (grpokit train --help-all describes each one):"]
+        for title, names in grouped_fields():
+            if title == OTHER_GROUP:
+                lines.append(f"  {title}: {len(names)} more, listed by grpokit train --help-all")
+                continue
+            lines += textwrap.wrap(
+                ", ".join(names),
+                width,
+                initial_indent=f"  {title}: ",
+                subsequent_indent=" " * 6,
+                break_on_hyphens=False,
+            )
+        return "\n".join(lines)
     for title, names in grouped_fields():
         lines.append("")
-        if title == OTHER_GROUP and not full:
-            lines.append(f"{title}: {len(names)} more, listed by grpokit train --help-all")
-            continue
         lines.append(f"{title}:")
         for name in names:
             dtype, f = owners[name]
