@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,26 @@ def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code
         kwargs["quantization_config"] = quantization_config
     config = AutoConfig.from_pretrained(model_id, trust_remote_code=kwargs["trust_remote_code"])
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-    return auto.from_pretrained(model_id, **kwargs)
+    with quiet_progress_bars():
+        return auto.from_pretrained(model_id, **kwargs)
+
+
+@contextlib.contextmanager
+def quiet_progress_bars():
+    """transformers' tqdm bars ("Loading weights", "Writing model shards") off for what the trainer loads and saves:
+    a run's progress is one line per log. Left on when the user asks for them (`HF_HUB_DISABLE_PROGRESS_BARS=0`), and
+    left off when they are off already."""
+    import transformers.utils.logging as transformers_logging
+
+    asked = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in ("0", "false", "no", "off")
+    if asked or not transformers_logging.is_progress_bar_enabled():
+        yield
+        return
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers_logging.enable_progress_bar()
 
 
 def load_tokenizer(model_id: str, **kwargs):

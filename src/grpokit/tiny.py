@@ -307,12 +307,14 @@ def build_vlm(family: str = "llava", *, seed: int = 0, hidden_size: int = 32, nu
         model_cls = Gemma3ForConditionalGeneration
     else:
         raise ValueError(f"family={family!r}: one of {', '.join(VLM_FAMILIES)}")
-    config.get_text_config().pad_token_id = tokenizer.pad_token_id
-    config.get_text_config().eos_token_id = tokenizer.eos_token_id
+    # The tokenizer's special tokens in both configs: transformers then has nothing to align (and no warning to give)
+    # when a trainer starts.
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(config.get_text_config(), name, getattr(tokenizer, name))
     torch.manual_seed(seed)
     model = model_cls(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, name, getattr(tokenizer, name))
     return model, processor
 
 

@@ -551,7 +551,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict=None):
         # training_args.bin (a pickle of the arguments) is written without hub_token, as resolved_config.yaml is.
-        with hidden_secrets(self.args):
+        with hidden_secrets(self.args), models.quiet_progress_bars():
             super()._save(output_dir, state_dict)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

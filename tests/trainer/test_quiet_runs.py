@@ -58,3 +58,27 @@ def test_a_tied_lm_head_is_not_a_missing_key(tiny_model):
     # a key really missing stays, and so does lm_head when its embedding is missing too (nothing loaded it)
     both = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
     assert without_tied_keys(tiny_model, _IncompatibleKeys(both, ["x"])).missing_keys == both
+
+
+def test_a_python_run_shows_no_loading_or_saving_bars(tiny_model_dir, tmp_path):
+    """A script that loads the policy from a path and saves it: transformers' "Loading weights" and "Writing model
+    shards" bars stay off around what the trainer loads and saves (its progress is one line per log)."""
+    code = f"""
+from datasets import Dataset
+from grpokit import GRPOConfig, GRPOTrainer
+args = GRPOConfig(output_dir={str(tmp_path / "out")!r}, per_device_train_batch_size=2, num_generations=2,
+                  max_completion_length=4, max_steps=1, report_to="none", save_strategy="no", use_cpu=True)
+trainer = GRPOTrainer(model={str(tiny_model_dir)!r}, reward_funcs=lambda completions, **k: [1.0] * len(completions),
+                      args=args, train_dataset=Dataset.from_dict({{"prompt": ["ab", "cd"]}}))
+trainer.train()
+trainer.save_model()
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for switch in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):  # (the test suite's own switch is off here)
+        env.pop(switch, None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert "Loading weights" not in result.stderr and "Writing model shards" not in result.stderr, result.stderr[
+        -2000:
+    ]

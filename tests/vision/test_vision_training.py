@@ -335,7 +335,8 @@ def test_a_vision_run_resumes_inside_a_round_exactly(tmp_path):
 
 def test_ddp_looks_for_unused_parameters_of_a_vision_model(tmp_path):
     """A batch without images leaves the vision tower without gradients, which DDP refuses unless it looks for
-    unused parameters (TRL sets the same); a text model, or a value the user set, is left as it is."""
+    unused parameters (TRL sets the same); a value the user set is left as it is; a text model without experts uses
+    every parameter, so DDP is told not to look (transformers' default would, with a warning every step)."""
     model, processor = build_vlm("llava")
     args = config(tmp_path)
     GRPOTrainer(
@@ -358,7 +359,7 @@ def test_ddp_looks_for_unused_parameters_of_a_vision_model(tmp_path):
         train_dataset=text,
         processing_class=tokenizer,
     )
-    assert args.ddp_find_unused_parameters is None
+    assert args.ddp_find_unused_parameters is False
 
 
 def test_tools_with_a_vision_processor_are_refused_in_one_line(tmp_path):
@@ -425,3 +426,22 @@ def test_the_check_before_loading_decodes_no_image(tmp_path, monkeypatch):
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"^batch row 0: column 'image': '.*bad.png' is not a readable image"):
         trainer.train()
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_the_tiny_vlms_special_tokens_need_no_alignment(family):
+    """transformers aligns a model's PAD/BOS/EOS with its tokenizer when a trainer starts, warning when it changes any
+    ("The tokenizer has new PAD/BOS/EOS tokens..."): grpokit's own tiny models give it nothing to change."""
+    from transformers.trainer_utils import align_special_tokens
+
+    model, processor = build_vlm(family)
+    names = ("pad_token_id", "eos_token_id", "bos_token_id")
+
+    def ids():
+        text = model.config.get_text_config()
+        return [getattr(text, n) for n in names] + [getattr(model.generation_config, n) for n in names]
+
+    before = ids()
+    align_special_tokens(model, processor)
+    tokenizer = processor.tokenizer
+    assert ids() == before == [getattr(tokenizer, n) for n in names] * 2
