@@ -141,7 +141,8 @@ class CompletionLog:
 
     def __init__(self, size: int, image_dir: str | None = None):
         """`image_dir`: where the images of logged image prompts are written (`log_multimodal`); their paths,
-        relative to its parent, go into each completion's record under `images`. None: images are not written."""
+        relative to the run folder two levels above it (where completions.jsonl is), go into each completion's record
+        under `images`. None: images are not written."""
         self.image_dir = image_dir
         self._images_written = 0
         self.prompts, self.completions, self.advantages = deque(maxlen=size), deque(maxlen=size), deque(maxlen=size)
@@ -221,7 +222,7 @@ class CompletionLog:
 
     def _write_images(self, images: list) -> list[list[str]]:
         """Each row's images as PNG files in `image_dir` (a group's repeats share one file): their paths relative to
-        the directory above it."""
+        the run folder (`<output_dir>/completions/images` -> `completions/images/image_0000001.png`)."""
         import hashlib
 
         os.makedirs(self.image_dir, exist_ok=True)
@@ -235,7 +236,8 @@ class CompletionLog:
                     self._images_written += 1
                     name = f"image_{self._images_written:07d}.png"
                     image.save(os.path.join(self.image_dir, name))
-                    written[digest] = os.path.join(os.path.basename(self.image_dir), name)
+                    run = os.path.dirname(os.path.dirname(os.path.abspath(self.image_dir)))
+                    written[digest] = os.path.relpath(os.path.join(self.image_dir, name), run)
                 row_paths.append(written[digest])
             paths.append(row_paths)
         return paths
