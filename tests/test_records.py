@@ -7,6 +7,7 @@ import pytest
 
 from grpokit.cli.plot import curve_series
 from grpokit.cli.records import RunRecorder, closing_message, library_progress_bars
+from grpokit.records.recorder import LOSS_NOTE
 
 
 def _log(recorder, step, logs, max_steps=4):
@@ -26,8 +27,11 @@ def test_eval_logs_are_rows_of_their_own_with_one_line(tmp_path, capsys):
     ]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step     2/4 | reward 0.250 ± 0.100 | loss +0.5000 |")
-    assert lines[1] == "eval  step     2/4 | reward 0.750 ± 0.200 | loss +0.1250"
-    assert lines[2] == "done in 3s"
+    assert lines[1] == LOSS_NOTE  # once, under the first progress line with a loss
+    assert lines[2] == "eval  step     2/4 | reward 0.750 ± 0.200 | loss +0.1250"
+    assert lines[3] == "done in 3s"
+    _log(recorder, 4, {"loss": 0.0, "reward": 0.5, "reward_std": 0.1, "epoch": 1.0})
+    assert LOSS_NOTE not in capsys.readouterr().out
 
 
 def test_curve_series_keeps_train_and_eval_apart():

@@ -98,6 +98,9 @@ def plot_run(run_dir: str) -> str:
     ax_r.grid(alpha=0.3)
     ax_l.plot(loss["step"], loss["value"], color="tab:red")
     ax_l.set_ylabel("loss")
+    ax_l.set_title(
+        "loss: near 0 by design in GRPO (advantages average to 0 per group); the reward shows progress", fontsize=8
+    )
     ax_l.set_xlabel("optimizer step")
     ax_l.grid(alpha=0.3)
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))

@@ -30,6 +30,13 @@ def is_eval_log(logs: dict) -> bool:
     return "reward" not in logs and "loss" not in logs and any(k.startswith("eval_") for k in logs)
 
 
+LOSS_NOTE = (
+    "note: GRPO's loss stays near 0 by design (each group's advantages average to 0) and does not measure progress: "
+    "the reward does"
+)
+LOSS_NOTE_KL = "; with beta > 0 the loss is mostly beta x KL, which grows as the policy leaves the reference"
+
+
 class RunRecorder(TrainerCallback):
     """Appends each training log and each evaluation's to metrics.jsonl, one row each (TRL's metric names plus
     `step`; an evaluation's row has only `eval_` names, e.g. `eval_reward`, never `reward`), logged completions to
@@ -49,6 +56,7 @@ class RunRecorder(TrainerCallback):
         self.plot_path = None  # reward_curve.png once drawn
         self._start = None
         self.first_step = None  # the step training began at (0, or the checkpoint's step when resuming)
+        self._loss_explained = False  # the note under the first progress line with a loss
 
     def _dir(self, args) -> str:
         return self.output_dir or args.output_dir
@@ -103,6 +111,9 @@ class RunRecorder(TrainerCallback):
                 self._write_completions(out, state.global_step, split="eval" if evaluation else None)
         if self.show_progress and (evaluation or "reward" in logs):
             print(self._progress_line(logs, state, evaluation), flush=True)
+            if not evaluation and "loss" in logs and not self._loss_explained:
+                self._loss_explained = True
+                print(LOSS_NOTE + (LOSS_NOTE_KL if getattr(args, "beta", 0.0) else ""), flush=True)
 
     def _progress_line(self, logs, state, evaluation: bool) -> str:
         """`step  N/T | reward m ± s | loss l | elapsed, ETA` for a training log; `eval  step N/T | reward m ± s |
