@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 from transformers import TrainerCallback
@@ -35,6 +36,14 @@ LOSS_NOTE = (
     "the reward does"
 )
 LOSS_NOTE_KL = "; with beta > 0 the loss is mostly beta x KL, which grows as the policy leaves the reference"
+
+
+def _import_plotting() -> None:
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+    except Exception:  # noqa: BLE001 - the plot says so itself when it is drawn
+        pass
 
 
 class RunRecorder(TrainerCallback):
@@ -72,6 +81,9 @@ class RunRecorder(TrainerCallback):
             if os.path.exists(path):
                 _keep_rows_until(path, state.global_step)
         self._write_resolved_config(args, out)
+        # matplotlib's import (0.3-0.4 s) is done while the steps run, not after the last one, where it held up the
+        # end of train(); the plot itself is drawn in on_train_end.
+        threading.Thread(target=_import_plotting, daemon=True, name="grpokit-plot-import").start()
 
     def _write_resolved_config(self, args, out: str) -> None:
         from grpokit.records.resolved import python_resolution, write_resolved_config
