@@ -131,6 +131,6 @@ def test_rewards_loads_neither_torch_nor_transformers():
 
 def test_top_level_help_and_reward_funcs_help_point_at_rewards():
     assert re.search(r"^  rewards \[show NAME\]\s+list the built-in rewards", grpokit("--help").stdout, re.M)
-    train_help = grpokit("train", "--help").stdout
+    train_help = grpokit("train", "--help-all").stdout
     entry = train_help.split("\n  --reward_funcs ", 1)[1].split("\n  --", 1)[0]
     assert "grpokit rewards" in entry and "grpokit recipes" not in entry
