@@ -376,3 +376,32 @@ def test_sigterm_to_a_two_process_launch_saves_one_checkpoint_and_stops_every_pr
     assert checkpoints == [f"checkpoint-{step}"]
     assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= set(os.listdir(out / checkpoints[0]))
     assert not (out / ".grpokit.lock").exists()
+
+
+def test_the_demo_on_two_machines_each_with_its_own_folder(tmp_path):
+    """Two machines on one host (accelerate's --num_machines 2, gloo), two processes each, and no shared filesystem: a
+    folder per machine. Each machine writes its own demo model and data (the second one's used to lack the weights:
+    transformers writes them on global rank 0 only), and both train."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("ACCELERATE_")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
+    port = str(_free_port())
+    machines = []
+    for rank in (0, 1):
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "4"]
+        command += ["--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
+        command += ["--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["-m", "grpokit", "train", "--demo", "--max_steps", "2", "--logging_steps", "1"]
+        command += ["--output_dir", str(tmp_path / f"machine{rank}")]
+        machines.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outputs = [machine.communicate(timeout=600) for machine in machines]
+    finally:
+        for machine in machines:
+            if machine.poll() is None:
+                machine.kill()
+    for machine, (_, stderr) in zip(machines, outputs, strict=True):
+        assert machine.returncode == 0, stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"machine{rank}" / "initial_model" / "model.safetensors").is_file()
+    rows = [json.loads(line) for line in (tmp_path / "machine0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2]  # process 0 writes the run's records

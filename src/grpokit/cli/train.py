@@ -33,6 +33,21 @@ def run_train(argv) -> int:
         leave_process_group()  # under a launcher; see grpokit.dist
 
 
+def _prepare_in_a_child(out: str, tools: bool) -> tuple[str, str]:
+    """The demo's model and data written under `out` by a fresh interpreter (no process group); their paths."""
+    import json
+    import subprocess
+
+    name = "prepare_tools_demo" if tools else "prepare_demo"
+    code = f"import json, sys\nfrom grpokit.demo import {name}\nprint(json.dumps({name}(sys.argv[1])))"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    done = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the demo in {out} failed: {done.stderr.strip().splitlines()[-1:]}")
+    model_dir, data_path = json.loads(done.stdout.strip().splitlines()[-1])
+    return model_dir, data_path
+
+
 def _demo_argv(extra_args: list[str]) -> list[str]:
     """The demo's configuration with `extra_args` over it, for the light check (the model and data it writes next are
     named by placeholders: only the configuration is checked)."""
@@ -68,9 +83,17 @@ def run_demo(extra_args) -> int:
     cpu = not torch.cuda.is_available()
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     state = PartialState(cpu=cpu and not deepspeed, **({"backend": "gloo"} if cpu and deepspeed else {}))
-    with state.local_main_process_first():
+    # Process 0 writes the demo's files first; then, machine by machine, the local main process, then the others.
+    # Where they share the folder, the others find the model written; a machine that does not (a folder per machine)
+    # writes its own, in a fresh interpreter: once a process group exists, transformers' save_pretrained writes the
+    # weights on global rank 0 only.
+    with state.main_process_first(), state.local_main_process_first():
         make_demo_dir(out)
-        model_dir, data_path = prepare(out)
+        written = os.path.isfile(os.path.join(out, "initial_model", "config.json"))
+        if state.process_index != 0 and not written:
+            model_dir, data_path = _prepare_in_a_child(out, tools)
+        else:
+            model_dir, data_path = prepare(out)
     from grpokit.cli.launch_presets import take_launch_flags
     from grpokit.launch import under_launcher
 
