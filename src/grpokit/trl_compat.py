@@ -248,6 +248,13 @@ class TRLCompatMixin:
         if self.agent is None:
             return rows
         prompts = self.agent.start(rows)
+        if self.agent.environments is not None:
+            self._report_failed_resets(rows)
+        return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
+
+    def _report_failed_resets(self, rows: list[dict]) -> None:
+        """Warn of this batch's environments whose `reset` raised (their rollouts train nothing); stop in one line
+        when every environment of the round, over all processes, did."""
         failed = self.agent.failed_resets
         if failed:
             index, name, error = failed[0]
@@ -259,7 +266,7 @@ class TRLCompatMixin:
                 )
             )
         counts = self._dist.gather_object([(len(failed), len(rows))])
-        if sum(c[0] for c in counts) == sum(c[1] for c in counts) and failed:
+        if failed and sum(c[0] for c in counts) == sum(c[1] for c in counts):
             index, name, error = failed[0]
             raise ValueError(
                 redact(
@@ -267,7 +274,6 @@ class TRLCompatMixin:
                     f"first: {name}.reset on batch row {index} ({_row_excerpt(rows[index])}) raised {error}"
                 )
             )
-        return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
 
     def _agent_records(self) -> dict[str, float]:
         """TRL's tool metrics for the latest batch, over all processes (calls per completion, failed calls per call);

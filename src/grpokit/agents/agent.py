@@ -44,16 +44,20 @@ class Agent:
         self.timeout = timeout
         self.round_timeout = round_timeout
         self.max_result_chars = max_result_chars
-        probes = self.environments.probes() if self.environments is not None else {None: None}
         # The schemas rendered into each environment's prompts (checked now: a tool that cannot be described is
         # refused before any model loads).
-        self.schemas = {
-            name: ToolBox(self.tools + ([] if probe is None else environment_tools(probe))).schemas()
-            for name, probe in probes.items()
-        }
+        self.schemas = self._described()
         self._names: list = []
         self._toolboxes: list[ToolBox] = []
         self.last: LoopResult | None = None  # the latest batch's loop, for metrics and completion records
+
+    def _described(self) -> dict:
+        """{environment name (None without environments): the tool schemas its prompts render}."""
+        probes = self.environments.probes() if self.environments is not None else {None: None}
+        return {
+            name: ToolBox(self.tools + ([] if probe is None else environment_tools(probe))).schemas()
+            for name, probe in probes.items()
+        }
 
     def all_tools(self) -> list[Callable]:
         """The standalone tools, then each environment's methods (of its first instance) not already named: TRL's
@@ -77,11 +81,7 @@ class Agent:
         if not all(callable(t) for t in tools):
             raise ToolError("trainer.tools: give a list of functions, or a list of JSON schema dicts to render")
         self.tools = tools
-        probes = self.environments.probes() if self.environments is not None else {None: None}
-        self.schemas = {
-            name: ToolBox(self.tools + ([] if probe is None else environment_tools(probe))).schemas()
-            for name, probe in probes.items()
-        }
+        self.schemas = self._described()
 
     @property
     def instances(self) -> list | None:
