@@ -270,9 +270,14 @@ _WORKDIR = "/sandbox"  # the program's working directory inside the sandbox: a t
 _WARNED_NO_CGROUP = threading.Event()
 
 
+def _memory_hierarchy() -> tuple[_cgroup.Hierarchy | None, str]:
+    """Where this process's run cgroups go, or (None, why none can be made here); looked up once per process."""
+    return _cgroup.find(f"{_leftovers.PREFIX}probe-{os.getpid()}")
+
+
 def _token() -> str:
     """This trainer process's token (see `_leftovers`); the first call removes what dead trainers left."""
-    hierarchy, _ = _cgroup.find(_leftovers.PREFIX + "probe-" + str(os.getpid()))
+    hierarchy, _ = _memory_hierarchy()
     return _leftovers.token(tempfile.gettempdir(), [hierarchy.parent] if hierarchy else [])
 
 
@@ -288,7 +293,7 @@ _RUN_NUMBERS = itertools.count()
 def _memory_cgroup(memory: int) -> tuple[_cgroup.Hierarchy | None, str | None]:
     """A fresh memory cgroup holding at most `memory` bytes for one run, or (None, None) where none can be made
     here (said once per process)."""
-    hierarchy, reason = _cgroup.find(_leftovers.PREFIX + "probe-" + str(os.getpid()))
+    hierarchy, reason = _memory_hierarchy()
     if hierarchy is None:
         if not _WARNED_NO_CGROUP.is_set():
             _WARNED_NO_CGROUP.set()
