@@ -144,8 +144,6 @@ def check_train_args(argv):
     """What `grpokit train` checks before loading anything: (resolution, problem lines), or (None, []) after printing
     the configuration's problems. Launch options are taken (`resolution.launch`), and the batch geometry is checked
     for the processes they ask for."""
-    if light_config_errors(argv):
-        return None, []
     from grpokit.checkpoints import check_resume
     from grpokit.cli.launch_presets import LAUNCH
     from grpokit.config.agents import tool_loop_problems

@@ -43,7 +43,8 @@ def _prepare_in_a_child(out: str, tools: bool) -> tuple[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     done = subprocess.run([sys.executable, "-c", code, out], capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"preparing the demo in {out} failed: {done.stderr.strip().splitlines()[-1:]}")
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise RuntimeError(f"preparing the demo in {out} failed: {said}")
     model_dir, data_path = json.loads(done.stdout.strip().splitlines()[-1])
     return model_dir, data_path
 
