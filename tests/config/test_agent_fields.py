@@ -204,6 +204,20 @@ def test_max_tool_calling_iterations_needs_tools(tmp_path, user_code, cli):
         assert (result.code, result.out, result.errors) == (0, "ok\n", [])
 
 
+def test_the_tool_caps_set_without_tools_are_refused(tmp_path, user_code, cli):
+    """tool_round_timeout and max_tool_result_chars always have their defaults; set by the user with no tools, they
+    would do nothing: refused, each in one line naming where it was set."""
+    result = cli("config", "validate", "--tool_round_timeout", "30", "--max_tool_result_chars", "100")
+    assert result.code == 2 and result.errors == [
+        "error: tool_round_timeout=30.0 (cli): caps the time of a round of tool calls and has no effect without "
+        "tools; set tools or environment_factory, or remove it",
+        "error: max_tool_result_chars=100 (cli): caps the length of a tool result and has no effect without tools; "
+        "set tools or environment_factory, or remove it",
+    ]
+    result = cli("config", "validate", "--tool_round_timeout", "30", "--tools", "agfield_tools:search")
+    assert (result.code, result.errors) == (0, [])
+
+
 def test_max_tool_calling_iterations_is_no_longer_refused_as_unsupported(tmp_path):
     assert "max_tool_calling_iterations" not in NOT_IMPLEMENTED
     # GRPOTrainer in Python takes the tools as arguments: the config alone is not refused

@@ -42,22 +42,44 @@ def agent_path_problems(values: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+# grpokit's caps on tool calls, refused when set without tools (their defaults are always there, and mean nothing then)
+_TOOL_CAPS = {
+    "tool_round_timeout": "caps the time of a round of tool calls",
+    "max_tool_result_chars": "caps the length of a tool result",
+}
+
+
 def tool_loop_problems(values: dict[str, Any], sources: dict[str, str] | None = None) -> list[str]:
-    """`max_tool_calling_iterations` set with neither `tools` nor `environment_factory`: a cap on a loop that never
-    runs. Checked by `grpokit config validate` and `grpokit train`, not by the parser or GRPOTrainer: a Python script
-    may pass its tools to GRPOTrainer itself."""
-    cap = values.get("max_tool_calling_iterations")
-    if cap is None or values.get("tools") or values.get("environment_factory"):
+    """`max_tool_calling_iterations` set, or `tool_round_timeout` / `max_tool_result_chars` set explicitly, with
+    neither `tools` nor `environment_factory`: a cap on a loop that never runs. Checked by `grpokit config validate`
+    and `grpokit train`, not by the parser or GRPOTrainer: a Python script may pass its tools to GRPOTrainer itself."""
+    if values.get("tools") or values.get("environment_factory"):
         return []
-    source = (sources or {}).get("max_tool_calling_iterations")
-    problem = Problem(
-        "max_tool_calling_iterations",
-        "caps the tool-calling loop and has no effect without tools",
-        cap,
-        "set tools or environment_factory, or remove it",
-        source=source,
-    )
-    return [problem.line()]
+    sources = sources or {}
+    problems = []
+    cap = values.get("max_tool_calling_iterations")
+    if cap is not None:
+        problems.append(
+            Problem(
+                "max_tool_calling_iterations",
+                "caps the tool-calling loop and has no effect without tools",
+                cap,
+                "set tools or environment_factory, or remove it",
+                source=sources.get("max_tool_calling_iterations"),
+            )
+        )
+    for name, what in _TOOL_CAPS.items():
+        if sources.get(name, "default") not in ("default", "derived"):
+            problems.append(
+                Problem(
+                    name,
+                    f"{what} and has no effect without tools",
+                    values.get(name),
+                    "set tools or environment_factory, or remove it",
+                    source=sources.get(name),
+                )
+            )
+    return [problem.line() for problem in problems]
 
 
 def import_agent_arguments(tools, environment_factory) -> dict[str, Any]:
