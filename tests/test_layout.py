@@ -197,6 +197,16 @@ MAY_IMPORT = {
         "grpokit.records",
     }
     | LEAVES,
+    "grpokit.experimental": {
+        "grpokit.trainer",
+        "grpokit.config",
+        "grpokit.generation",
+        "grpokit.rollout",
+        "grpokit.scoring",
+        "grpokit.checkpoints",
+        "grpokit.dist",
+        "grpokit.vision",
+    },
     "grpokit.records": {"grpokit.config", "grpokit.data"},
     "grpokit.startup": {"grpokit.config", "grpokit.launch", "grpokit.vision"},
     "grpokit.trl_compat": {
