@@ -108,8 +108,9 @@ class AsyncGRPOConfig(GRPOConfig):
     token_budget: int | None = field(
         default=None,
         metadata={
-            "help": "TRL's token-budgeted packing of micro-batches. Not implemented in grpokit: leave it unset (or "
-            "<= 0); micro-batches hold per_device_train_batch_size samples each."
+            "help": "Most tokens (prompt + completion) one training row may hold; a longer sample is dropped with a "
+            "warning (batch/dropped_oversize_total). grpokit does not pack several samples into a row (TRL does): a "
+            "row is one sample and micro-batches hold per_device_train_batch_size of them. Unset or <= 0: no limit."
         },
     )
     fork_threshold_tokens: int = field(
@@ -153,12 +154,6 @@ class AsyncGRPOConfig(GRPOConfig):
             refuse("max_inflight_tasks", "must be -1 (a generation batch at once) or >= 1")
         if isinstance(self.heartbeat_stale_after_s, (int, float)) and not self.heartbeat_stale_after_s > 0:
             refuse("heartbeat_stale_after_s", "must be > 0")
-        if isinstance(self.token_budget, int) and self.token_budget > 0:
-            refuse(
-                "token_budget",
-                "token-budgeted packing is not implemented in grpokit",
-                "leave it unset; micro-batches hold per_device_train_batch_size samples",
-            )
         if self.fork_threshold_tokens != 1024:
             refuse(
                 "fork_threshold_tokens",

@@ -359,6 +359,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
                     self.rollout_worker.check_health(self.args.heartbeat_stale_after_s)
             now = time.time()
             self._wait_s += now - started
+            budget = self.args.token_budget
+            if budget is not None and budget > 0 and len(sample.input_ids) > budget:
+                logger.warning(
+                    f"dropping a rollout sample of {len(sample.input_ids)} tokens: over token_budget={budget}"
+                )
+                metrics["batch/dropped_oversize_total"].append(1.0)
+                continue
             staleness = self.model_version - int(sample.model_version)
             if staleness > self.args.max_staleness:
                 metrics["sample/dropped_stale_total"].append(1.0)

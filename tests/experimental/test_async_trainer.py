@@ -1,0 +1,306 @@
+"""AsyncGRPOTrainer on CPU without vLLM: TRL's plug-in points called in TRL's order, the staleness bound and its
+correction (weights worked out from the model by hand), equivalence with the synchronous trainer at staleness 0."""
+
+import math
+
+import pytest
+import torch
+from _async_helpers import (
+    PROMPTS,
+    FixedSampler,
+    StubTransfer,
+    StubWorker,
+    make_config,
+    sample,
+    text_reward,
+)
+from transformers import TrainerCallback
+
+import grpokit.trainer as trainer_module
+from grpokit.config.rules import ConfigError
+from grpokit.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+from grpokit.scoring import score_tokens
+
+
+@pytest.fixture
+def dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": PROMPTS})
+
+
+def test_defaults_are_trls(tmp_path):
+    """TRL 1.16's AsyncGRPOConfig defaults (read from its wheel), field by field."""
+    config = AsyncGRPOConfig(str(tmp_path), report_to="none")
+    expected = {
+        "logging_steps": 1,
+        "lr_scheduler_type": "constant",
+        "ignore_data_skip": True,
+        "learning_rate": 1e-6,
+        "num_generations": 8,
+        "max_completion_length": 2048,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "repetition_penalty": 1.0,
+        "epsilon": 0.2,
+        "epsilon_high": None,
+        "vllm_server_base_url": "http://localhost:8000",
+        "vllm_server_timeout": 240.0,
+        "request_timeout": 600,
+        "weight_sync_timeout": 1800,
+        "dtype": "float32",
+        "token_budget": None,
+        "fork_threshold_tokens": 1024,
+        "max_inflight_tasks": -1,
+        "max_staleness": 4,
+        "queue_maxsize": 1024,
+        "weight_sync_steps": 1,
+        "heartbeat_stale_after_s": 300.0,
+        "log_completions": False,
+        "num_completions_to_print": None,
+        "gradient_checkpointing": True,
+    }
+    actual = {name: getattr(config, name) for name in expected}
+    actual["lr_scheduler_type"] = str(getattr(config.lr_scheduler_type, "value", config.lr_scheduler_type))
+    assert actual == expected
+
+
+def test_bad_async_values_are_refused_together(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        AsyncGRPOConfig(
+            str(tmp_path), max_staleness=-1, weight_sync_steps=0, queue_maxsize=0, learning_rate=-1.0, report_to="none"
+        )
+    lines = str(caught.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "learning_rate=-1.0",
+        "max_staleness=-1",
+        "weight_sync_steps=0",
+        "queue_maxsize=0",
+    ]
+
+
+def test_fields_grpokit_does_not_implement_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="fork_threshold_tokens=512: grpokit's tool loop never re-tokenizes"):
+        AsyncGRPOConfig(str(tmp_path), fork_threshold_tokens=512, report_to="none")
+    with pytest.raises(ConfigError, match="num_iterations=2: the asynchronous trainer trains each sample once"):
+        AsyncGRPOConfig(str(tmp_path), num_iterations=2, report_to="none")
+
+
+def test_trls_stub_worker_and_transfer_are_called_in_trls_order(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """A worker and a no-op transfer written for TRL's protocols: set-up, a first sync, start, then versions 1, 2,
+    3 (one sync per step); the parameters move; rewards come from the samples."""
+    calls = []
+    prompt = tiny_tokenizer("ab")["input_ids"]
+
+    def batch(version):
+        return [
+            sample(
+                prompt,
+                [10 + i, 11, 12],
+                version=version,
+                group=version,
+                advantage=(-1.0) ** i,
+                sampler_logps=[-4.0] * 3,
+            )
+            for i in range(4)
+        ]
+
+    args = make_config(tmp_path, max_steps=3)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=StubTransfer(calls),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    params = len(list(trainer.model.parameters()))
+    sync = ["pause", f"send {params}", "resume"]
+    assert calls == [
+        "init",
+        *sync,
+        "version 1",
+        "start",
+        *sync,
+        "version 2",
+        *sync,
+        "version 3",
+        *sync,
+        "version 4",
+        "stop",
+        "destroy",
+    ]
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert [row["reward"] for row in logged] == [0.5, 0.5, 0.5]
+    # the stub queues one batch of the new version at start and after each sync: every step trains a fresh one
+    assert [row["sample/staleness_max"] for row in logged] == [0.0, 0.0, 0.0]
+
+
+def test_samples_staler_than_max_staleness_are_dropped_and_counted(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """At start and after each sync the stub queues a batch two versions old (dropped at max_staleness=1), then one a
+    version old (trained)."""
+    prompt = tiny_tokenizer("cde")["input_ids"]
+
+    def batch(version):
+        stale = [sample(prompt, [20, 21], version=version - 2, group=0, advantage=1.0, sampler_logps=[-3.0] * 2)] * 4
+        old = [sample(prompt, [22, 23], version=version - 1, group=1, advantage=1.0, sampler_logps=[-3.0] * 2)] * 4
+        return stale + old
+
+    args = make_config(tmp_path, max_steps=2, max_staleness=1)
+    calls = []
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=StubTransfer(calls),
+    )
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert [row["sample/dropped_stale_total"] for row in logged] == [4.0, 4.0]
+    assert [row["sample/staleness_max"] for row in logged] == [1.0, 1.0]
+
+
+def test_stale_tokens_are_weighted_by_the_ratio_to_the_sampler(
+    tmp_path, tiny_model, tiny_tokenizer, dataset, monkeypatch
+):
+    """Staleness forced to k=2: the importance weights the loss receives are min(pi_current / pi_sampler, cap) per
+    token (token_truncate), with pi_current computed here from the model at that step."""
+    prompt = tiny_tokenizer("fghi")["input_ids"]
+    completions = [[30, 31, 32], [33, 34, 35], [36, 37, 38], [39, 40, 41]]
+    sampler_logps = [[-4.0, -4.5, -3.5], [-5.0, -4.2, -4.4], [-3.9, -4.1, -6.0], [-4.6, -4.6, -2.0]]
+
+    def batch(version):
+        return [
+            sample(prompt, c, version=max(version - 2, 0), group=version, advantage=(-1.0) ** i, sampler_logps=lp)
+            for i, (c, lp) in enumerate(zip(completions, sampler_logps, strict=True))
+        ]
+
+    seen = []
+    policy_loss = trainer_module.policy_loss
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs["importance_sampling_ratio"].detach().clone())
+        return policy_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", recorded)
+    snapshots = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            snapshots.append({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    args = make_config(
+        tmp_path,
+        max_steps=3,
+        max_staleness=2,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=1.5,
+    )
+    calls = []
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        callbacks=[Snapshot()],
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=StubTransfer(calls),
+    )
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert logged[-1]["sample/staleness_max"] == 2.0
+    ids = torch.tensor([prompt + c for c in completions])
+    for step, (weights, params) in enumerate(zip(seen, snapshots, strict=True)):
+        with torch.no_grad():
+            for name, p in trainer.model.named_parameters():
+                p.copy_(params[name])
+            current = score_tokens(trainer.model, ids, torch.ones_like(ids), 3).logps
+        expected = torch.clamp(torch.exp(current - torch.tensor(sampler_logps)), max=1.5)
+        # the micro-batch's rows come in a random order: compare them as sorted rows
+        rows = sorted(weights.tolist())
+        assert torch.allclose(torch.tensor(rows), torch.tensor(sorted(expected.tolist())), atol=1e-5), step
+
+
+def test_staleness_zero_trains_as_the_sync_trainer(tmp_path, tiny_tokenizer, dataset, monkeypatch):
+    """Same model, same prompts, the same completions and sampler logprobs: the asynchronous trainer at
+    max_staleness=0 and GRPOTrainer give the same losses at every step (to 1e-6)."""
+    from grpokit import GRPOTrainer
+    from grpokit.tiny import build_model
+
+    def losses(make_trainer):
+        seen = []
+        policy_loss = trainer_module.policy_loss
+
+        def recorded(*args, **kwargs):
+            result = policy_loss(*args, **kwargs)
+            seen.append(result.loss.item())
+            return result
+
+        monkeypatch.setattr(trainer_module, "policy_loss", recorded)
+        trainer = make_trainer()
+        trainer.train()
+        monkeypatch.setattr(trainer_module, "policy_loss", policy_loss)
+        return seen
+
+    common = dict(max_steps=4, per_device_train_batch_size=4, num_generations=2, learning_rate=5e-2)
+
+    def sync():
+        args = make_config(tmp_path / "sync", **common)
+        args = _as_sync_config(args)
+        trainer = GRPOTrainer(
+            build_model(tiny_tokenizer), text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+        )
+        trainer.generator = FixedSampler(tiny_tokenizer.eos_token_id)
+        trainer.args.use_vllm = True  # the correction's settings; generation is the fixed sampler
+        return trainer
+
+    def asynchronous():
+        args = make_config(tmp_path / "async", max_staleness=0, **common)
+        calls = []
+        trainer = AsyncGRPOTrainer(
+            build_model(tiny_tokenizer),
+            text_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            weight_transfer=StubTransfer(calls),
+        )
+        trainer.generator = FixedSampler(tiny_tokenizer.eos_token_id)
+        return trainer
+
+    expected, actual = losses(sync), losses(asynchronous)
+    assert len(expected) == len(actual) == 4
+    assert all(math.isfinite(v) for v in expected)
+    assert actual == pytest.approx(expected, abs=1e-6)
+
+
+def _as_sync_config(async_args):
+    from dataclasses import fields
+
+    from grpokit import GRPOConfig
+
+    own = {f.name for f in fields(GRPOConfig) if f.init}
+    values = {f.name: getattr(async_args, f.name) for f in fields(async_args) if f.init and f.name in own}
+    explicit = {
+        "output_dir",
+        "per_device_train_batch_size",
+        "num_generations",
+        "max_completion_length",
+        "max_steps",
+        "learning_rate",
+        "report_to",
+        "use_cpu",
+        "bf16",
+        "gradient_checkpointing",
+        "save_strategy",
+        "seed",
+        "shuffle_dataset",
+        "logging_steps",
+        "lr_scheduler_type",
+    }
+    return GRPOConfig(**{k: v for k, v in values.items() if k in explicit})
