@@ -86,6 +86,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 init.setdefault("dtype", args.dtype)
                 args.model_init_kwargs = init
         self._plugged_worker, self._plugged_transfer = rollout_worker, weight_transfer
+        if rollout_worker is not None and weight_transfer is not None and args.use_vllm:
+            args.use_vllm = False  # the plugged worker generates and the plugged transfer syncs: no vLLM needed here
         if rollout_worker is not None and not reward_funcs and environment_factory is None:
             reward_funcs = [_scored_by_the_worker]  # the plugged worker scores; nothing here is called
         agent = {k: v for k, v in (("tools", tools), ("environment_factory", environment_factory)) if v}

@@ -111,6 +111,7 @@ class AsyncRolloutWorker:
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._failure: str | None = None
+        self._hung = False  # declared hung by check_health: stop() does not wait for it
         self._heartbeat = time.time()
         self._thread: threading.Thread | None = None
         self._groups: dict[int, tuple[int, int]] = {}  # group id -> (epoch, dataset index), until trained
@@ -131,9 +132,9 @@ class AsyncRolloutWorker:
         with self._changed:
             self._changed.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=30)
-            if self._thread.is_alive():
-                logger.warning("the rollout worker did not stop within 30 s (a generation or reward still runs)")
+            self._thread.join(timeout=0 if self._hung else 30)
+            if self._thread.is_alive():  # a daemon thread: it ends with the process
+                logger.warning("the rollout worker is left running: a generation or reward function in it hangs")
         self._thread = None
 
     @property
@@ -152,6 +153,7 @@ class AsyncRolloutWorker:
             raise RolloutWorkerError("the rollout worker stopped without an error")
         age = time.time() - self._heartbeat
         if age > stale_after_s:
+            self._hung = True
             raise RolloutWorkerError(
                 f"the rollout worker gave no sign of life for {age:.0f} s (heartbeat_stale_after_s="
                 f"{stale_after_s:g}): a generation request or reward function hangs"

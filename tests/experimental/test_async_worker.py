@@ -1,0 +1,142 @@
+"""The built-in rollout worker (a thread generating with a local copy of the policy): pacing by max_staleness with a
+slow trainer, the copy's weights following the trainer's, faults that stop the trainer in one line, prompts in
+epoch order, LoRA, tools."""
+
+import threading
+import time
+
+import pytest
+from _async_helpers import PROMPTS, make_config, text_reward
+from transformers import TrainerCallback
+
+from grpokit.experimental.async_grpo import AsyncGRPOTrainer, RolloutWorkerError
+from grpokit.experimental.async_grpo.worker import PromptOrder
+
+
+@pytest.fixture
+def dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": PROMPTS})
+
+
+class SlowSteps(TrainerCallback):
+    """A slow trainer: each optimizer step takes `seconds` more, so the worker is always ready first."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
+def logged_rows(trainer):
+    return [row for row in trainer.state.log_history if "loss" in row]
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_a_fast_worker_never_runs_further_ahead_than_max_staleness(
+    tmp_path, tiny_model, tiny_tokenizer, dataset, max_staleness
+):
+    """With a slow trainer the worker waits: every sample is trained within max_staleness versions, none dropped;
+    at staleness 0 the copy it samples with holds the trainer's weights, so every importance ratio is 1."""
+    args = make_config(tmp_path, max_steps=5, max_staleness=max_staleness, learning_rate=5e-2)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        lambda completions, **kw: [len(c) / 10 for c in completions],  # a lambda: the worker is a thread
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        callbacks=[SlowSteps(0.2)],
+    )
+    trainer.train()
+    rows = logged_rows(trainer)
+    assert len(rows) == 5
+    assert all("sample/dropped_stale_total" not in row for row in rows)
+    assert max(row["sample/staleness_max"] for row in rows) == max_staleness  # it does run ahead, that far
+    if max_staleness == 0:
+        for row in rows:
+            assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+            assert row["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    else:  # samples two versions old were sampled by other weights
+        assert max(row["sampling/sampling_logp_difference/max"] for row in rows[2:]) > 1e-3
+
+
+def test_a_reward_that_raises_in_the_worker_stops_the_trainer_in_one_line(
+    tmp_path, tiny_model, tiny_tokenizer, dataset
+):
+    def broken(completions, **kwargs):
+        raise ZeroDivisionError("the judge divided by zero")
+
+    args = make_config(tmp_path, max_steps=3)
+    trainer = AsyncGRPOTrainer(tiny_model, broken, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    with pytest.raises(RolloutWorkerError) as caught:
+        trainer.train()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("the rollout worker failed: RewardError:")
+    assert "the judge divided by zero" in message
+    assert trainer.rollout_worker._thread is None  # stopped
+
+
+def test_a_hung_reward_stops_the_trainer_within_the_heartbeat(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    release = threading.Event()
+
+    def hangs(completions, **kwargs):
+        release.wait(60)
+        return [0.0] * len(completions)
+
+    args = make_config(tmp_path, max_steps=3, heartbeat_stale_after_s=1.5, reward_timeout=None)
+    trainer = AsyncGRPOTrainer(tiny_model, hangs, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    started = time.monotonic()
+    try:
+        with pytest.raises(
+            RolloutWorkerError, match=r"gave no sign of life for \d+ s \(heartbeat_stale_after_s=1.5\)"
+        ):
+            trainer.train()
+        assert time.monotonic() - started < 15
+    finally:
+        release.set()
+
+
+def test_prompts_come_in_epoch_order_and_a_requeued_one_first():
+    order = PromptOrder(4, shuffle=False, seed=0)
+    first = [order.next() for _ in range(3)]
+    assert first == [(0, 0), (0, 1), (0, 2)]
+    order.requeue(0, 1)
+    assert [order.next() for _ in range(3)] == [(0, 1), (0, 3), (1, 0)]
+
+
+def test_the_prompt_order_resumes_with_the_untrained_prompts_of_its_epoch():
+    order = PromptOrder(5, shuffle=True, seed=3)
+    epoch0 = order.order(0)
+    handed = [order.next() for _ in range(4)]
+    for epoch, index in handed[:2]:  # two trained, two in flight when the checkpoint is taken
+        order.trained(epoch, index)
+    state = order.state()
+    assert state == {"epoch": 0, "trained": {"0": sorted(epoch0[:2])}}
+    resumed = PromptOrder(5, shuffle=True, seed=3, state=state)
+    assert [resumed.next() for _ in range(4)] == [(0, i) for i in epoch0[2:]] + [(1, order.order(1)[0])]
+
+
+def test_lora_adapter_weights_reach_the_local_sampler(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """Only the adapter trains; at staleness 0 the sampler's copy (adapter included) follows the trainer: ratios 1."""
+    from peft import LoraConfig
+
+    args = make_config(tmp_path, max_steps=3, max_staleness=0, learning_rate=5e-1)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        text_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainer.train()
+    rows = logged_rows(trainer)
+    assert len(rows) == 3
+    for row in rows:
+        assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+        assert row["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    lora = {n: p for n, p in trainer.generator.model.named_parameters() if "lora_B" in n}
+    assert lora and any(p.abs().sum() > 0 for p in lora.values())  # B starts at 0: the copy got trained values
