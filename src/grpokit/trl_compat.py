@@ -243,29 +243,31 @@ class TRLCompatMixin:
         except ToolError as exc:
             raise ValueError(str(exc)) from None
 
-    def _start_agent_batch(self, rows: list[dict]) -> list[dict]:
-        """Rows with their prompts as the environments' `reset` extended them (the dataset's rows untouched)."""
+    def _start_agent_batch(self, rows: list[dict], dist=None) -> list[dict]:
+        """Rows with their prompts as the environments' `reset` extended them (the dataset's rows untouched);
+        `dist`: the processes that start this batch together (default: the trainer's)."""
         if self.agent is None:
             return rows
         prompts = self.agent.start(rows)
         if self.agent.environments is not None:
-            self._report_failed_resets(rows)
+            self._report_failed_resets(rows, dist)
         return [{**row, "prompt": prompt} for row, prompt in zip(rows, prompts, strict=True)]
 
-    def _report_failed_resets(self, rows: list[dict]) -> None:
+    def _report_failed_resets(self, rows: list[dict], dist=None) -> None:
         """Warn of this batch's environments whose `reset` raised (their rollouts train nothing); stop in one line
         when every environment of the round, over all processes, did."""
+        dist = dist or self._dist
         failed = self.agent.failed_resets
         if failed:
             index, name, error = failed[0]
             logger.warning(
                 redact(
                     f"{len(failed)} of {len(rows)} environments failed to reset on process "
-                    f"{self._dist.process_index} (their rollouts train nothing); the first: {name} on batch row "
+                    f"{dist.process_index} (their rollouts train nothing); the first: {name} on batch row "
                     f"{index} ({_row_excerpt(rows[index])}): {error}"
                 )
             )
-        counts = self._dist.gather_object([(len(failed), len(rows))])
+        counts = dist.gather_object([(len(failed), len(rows))])
         if failed and sum(c[0] for c in counts) == sum(c[1] for c in counts):
             index, name, error = failed[0]
             raise ValueError(
@@ -275,14 +277,16 @@ class TRLCompatMixin:
                 )
             )
 
-    def _agent_records(self) -> dict[str, float]:
-        """TRL's tool metrics for the latest batch, over all processes (calls per completion, failed calls per call);
-        its calls go to the completion records (name, arguments, result, failed, seconds per call)."""
+    def _agent_records(self, dist=None, record_calls: bool = True) -> dict[str, float]:
+        """TRL's tool metrics for the latest batch, over all processes of `dist` (default: the trainer's; calls per
+        completion, failed calls per call); its calls go to the completion records (name, arguments, result, failed,
+        seconds per call) unless `record_calls` is False."""
         loop = None if self.agent is None else self.agent.last
         if loop is None:
             return {}
-        self._completion_log.add_tool_calls([[dict(vars(call)) for call in calls] for calls in loop.calls])
-        dist = self._dist
+        if record_calls:
+            self._completion_log.add_tool_calls([[dict(vars(call)) for call in calls] for calls in loop.calls])
+        dist = dist or self._dist
         failed = [(i, call) for i, calls in enumerate(loop.calls) for call in calls if call.failed]
         if failed:  # named: which tool, with what, on which completion (the records have them all)
             i, call = failed[0]

@@ -304,3 +304,94 @@ def _as_sync_config(async_args):
         "lr_scheduler_type",
     }
     return GRPOConfig(**{k: v for k, v in values.items() if k in explicit})
+
+
+TRL_STYLE_SCRIPT = '''
+import itertools, queue
+import numpy as np
+from datasets import Dataset
+from transformers import AutoTokenizer
+from grpokit.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer  # was: from trl.experimental...
+from grpokit.experimental.async_grpo.async_rollout_worker import RolloutSample  # was: trl.experimental...
+
+
+def reward_len(completions, **kwargs):
+    return [len(c[0]["content"]) / 10 for c in completions]
+
+
+class ScoredElsewhere:
+    """A worker written for TRL's RolloutWorkerProtocol: scores with reward_len, queues a few samples per sync."""
+
+    def __init__(self, tokenizer, dataset, num_generations, per_sync=6):
+        self.rollout_buffer, self.metrics_queue = queue.Queue(), queue.Queue()
+        self.version, self.per_sync = 0, per_sync
+        self.samples = self._samples(tokenizer, dataset, num_generations)
+
+    def _samples(self, tokenizer, dataset, n):
+        for group, row in enumerate(itertools.cycle(dataset)):
+            completions = [[{"role": "assistant", "content": "ok " * (i + 1)}] for i in range(n)]
+            prompt_ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_dict=False)
+            full = tokenizer.apply_chat_template([row["prompt"] + c for c in completions], return_dict=False)
+            rewards = np.array(reward_len(completions))
+            advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+            for i in range(n):
+                completion_ids = full[i][len(prompt_ids):]
+                yield RolloutSample(
+                    prompt=row["prompt"], completion=completions[i], input_ids=prompt_ids + completion_ids,
+                    completion_mask=[0] * len(prompt_ids) + [1] * len(completion_ids),
+                    old_log_probs=[0.0] * len(prompt_ids) + [-0.5] * len(completion_ids),
+                    advantage=float(advantages[i]), model_version=self.version, group_id=group,
+                    metrics={"reward": float(rewards[i]), "reward_std": float(rewards.std())},
+                )
+
+    def _fill(self):
+        for _ in range(self.per_sync):
+            self.rollout_buffer.put(next(self.samples))
+
+    def start(self):
+        self._fill()
+
+    def update_model_version(self, model_version):
+        self.version = model_version
+        self._fill()
+
+    def stop(self):
+        pass
+
+    def check_health(self, stale_after_s):
+        pass
+
+
+class NoTransfer:
+    def init_weight_transfer(self): pass
+    def pause(self): pass
+    def send_weights(self, iterator):
+        for _ in iterator: pass
+    def resume(self): pass
+    def destroy(self): pass
+
+
+dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": w}] for w in ["sum", "two", "and", "three"]]})
+args = AsyncGRPOConfig(
+    output_dir=OUTPUT_DIR, learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
+    max_completion_length=8, token_budget=256, vllm_server_timeout=5.0, report_to="none",
+)
+trainer = AsyncGRPOTrainer(
+    model=MODEL, reward_funcs=reward_len, args=args, train_dataset=dataset,
+    rollout_worker=ScoredElsewhere(AutoTokenizer.from_pretrained(MODEL), dataset, num_generations=3),
+    weight_transfer=NoTransfer(),
+)
+before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+trainer.train()
+'''
+
+
+def test_a_trl_async_script_runs_with_the_import_changed(tmp_path, tiny_model_dir):
+    """A script written for TRL 1.16's AsyncGRPOTrainer (its own worker and no-op transfer, TRL's defaults: no
+    max_steps, gradient checkpointing, token_budget set) trains with only its imports changed."""
+    namespace = {"OUTPUT_DIR": str(tmp_path / "out"), "MODEL": str(tiny_model_dir)}
+    exec(compile(TRL_STYLE_SCRIPT, "trl_style_async_script", "exec"), namespace)
+    trainer, before = namespace["trainer"], namespace["before"]
+    assert trainer.state.global_step == 12  # 3 epochs (TRL's default) x 4 prompts, one group of 3 a step
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if "embed" not in n)

@@ -105,6 +105,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         )
         if self.is_fsdp_enabled or (self.is_deepspeed_enabled and _zero_stage(self) == 3):
             raise ValueError("the asynchronous trainer does not shard the policy yet: use DDP or ZeRO-1/2")
+        if self.agent is not None and self.agent.environments is not None and self._dist.num_processes > 1:
+            raise ValueError(
+                "environment_factory with several processes is not supported by the asynchronous trainer yet"
+            )
         if vision.is_processor(self.processing_class):
             raise ValueError("the asynchronous trainer does not take vision-language models yet: use GRPOTrainer")
         self.model_version = 0
@@ -202,7 +206,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         """One generation batch of samples, by the synchronous trainer's `produce_rollout` on one process."""
         args = self.args
         settings = self._worker_settings()
-        rows = self._start_agent_batch(rows)
+        rows = self._start_agent_batch(rows, LOCAL)
         rollout = produce_rollout(
             rows,
             tokenizer=self.processing_class,
@@ -210,7 +214,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
             rewards=self.rewards,
             settings=settings,
             eos_token_ids=self.eos_token_ids,
-            reward_kwargs={"trainer_state": self.state, "log_extra": _discard, "log_metric": self._worker_metric},
+            reward_kwargs={
+                "trainer_state": self.state,
+                "log_extra": _discard,
+                "log_metric": self._worker_metric,
+                **({"environments": self.environments} if self.environments is not None else {}),
+            },
             dist=LOCAL,
             generate=lambda prompts: self._worker_generate(prompts, settings),
         )
@@ -218,6 +227,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if rollout.sampling_logps is None:
             raise ValueError("the generator gave no sampling log-probabilities, which the asynchronous trainer needs")
         weights = torch.tensor(settings.reward_weights or [1.0] * rollout.rewards.size(1))
+        calls = [[]] * len(rows)
+        if self.agent is not None and self.agent.last is not None:
+            self._worker_metrics(self._agent_records(LOCAL, record_calls=False))
+            calls = [[dict(vars(call)) for call in made] for made in self.agent.last.calls]
         samples = []
         for i in range(len(rows)):
             prompt = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()].tolist()
@@ -245,6 +258,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
                     },
                     truncated=truncated,
                     last_model_version=span_end,
+                    extra={"tool_calls": calls[i]} if calls[i] else {},
                 )
             )
         return samples
@@ -289,7 +303,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
         return _joined(parts)
 
     def _worker_metric(self, name: str, value: float) -> None:
-        self.rollout_worker.metrics_queue.put_nowait({name: float(value)})
+        self._worker_metrics({name: float(value)})
+
+    def _worker_metrics(self, values: dict) -> None:
+        try:
+            self.rollout_worker.metrics_queue.put_nowait(values)
+        except queue.Full:
+            pass  # never block generation for a metric
 
     # -- the trainer's side ----------------------------------------------------------------------------------
 
@@ -333,6 +353,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
+        if self.agent is not None:  # the tool calls of this process's rows, for the completion records
+            share = len(samples) // self._dist.num_processes
+            mine = samples[self._dist.process_index * share : (self._dist.process_index + 1) * share]
+            self._completion_log.add_tool_calls([getattr(s, "extra", {}).get("tool_calls", []) for s in mine])
         self._completion_log.add_rollout(rollout, names, self._dist)
         self._unscorable.check(rollout, "train")
         if self.accelerator.is_main_process and hasattr(self.rollout_worker, "consumed"):
