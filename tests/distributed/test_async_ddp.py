@@ -1,0 +1,33 @@
+"""AsyncGRPOTrainer on 2 real DDP processes (CPU, gloo): the worker thread runs on rank 0 only, each generation batch
+is shared out (each process trains its own half), the weights stay identical, staleness stays within its bound."""
+
+import json
+
+from _launch import HERE, launch_two_cpu_processes
+
+WORKER = f"{HERE}/_async_worker.py"
+
+
+def test_two_processes_train_their_halves_of_each_batch(tmp_path):
+    result = launch_two_cpu_processes(WORKER, str(tmp_path), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in ranks:
+        assert rank["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert rank["num_processes"] == 2
+        assert rank["steps"] == 3 and len(rank["slices"]) == 3
+        assert all(s["rows"] == 2 for s in rank["slices"])  # half of each 4-sample batch
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]  # DDP kept the replicas equal
+    for step in range(3):
+        first, second = ranks[0]["slices"][step], ranks[1]["slices"][step]
+        assert first["batch"] == second["batch"]  # both saw the same broadcast batch
+        # rank 0 trains the first group (2 samples of one prompt), rank 1 the second
+        assert first["batch"][0] == first["batch"][1] != first["batch"][2] == first["batch"][3]
+        half = len(first["tokens"]) // 2
+        assert first["tokens"][:half] == first["tokens"][half:]  # one prompt, twice
+        other = len(second["tokens"]) // 2
+        assert second["tokens"][:other] == second["tokens"][other:] != first["tokens"][:half]
+    prompts = [p for step in ranks[0]["slices"] for p in step["batch"][::2]]
+    assert prompts == ["ab", "cde", "fghi", "jk", "lmnop", "qr"]
+    assert ranks[0]["model_version"] == 4  # the first sync, then one per step
+    assert all(row["sample/staleness_max"] <= 1 for row in ranks[0]["logs"])
