@@ -86,6 +86,8 @@ class VLLMServerGenerator:
         self.model_name = model_name
         self.dist = dist
         self.last_sync_seconds: float | None = None
+        self.request_timeout: float | None = None  # seconds one generation request may take (None: no limit)
+        self.weight_timeout: float | None = None  # seconds one weight-transfer request may take (None: no limit)
         self._transfer = None  # trainer-side weight-transfer engine, created at the first push
         self._source = None  # the policy as a vLLM `WeightSource`
         info = None
@@ -206,7 +208,7 @@ class VLLMServerGenerator:
         greedy = body.get("temperature") == 0
         n = 1 if greedy else group
         body.update(model=self.served_model, prompt=distinct, n=n, logprobs=0, return_token_ids=True, stream=False)
-        response = self._request("POST", "/v1/completions", body, read_timeout=None)
+        response = self._request("POST", "/v1/completions", body, read_timeout=self.request_timeout)
         choices = response.get("choices") or []
         if len(choices) != len(distinct) * n:
             raise VLLMServerError(
@@ -264,7 +266,9 @@ class VLLMServerGenerator:
                 "model": self.served_model,
                 "return_token_ids": True,
             }
-        response = self._request("POST", "/inference/v1/generate", request, read_timeout=None, missing_ok=True)
+        response = self._request(
+            "POST", "/inference/v1/generate", request, read_timeout=self.request_timeout, missing_ok=True
+        )
         if response is None:
             raise VLLMServerError(
                 f"the vLLM server at {self.base_url} has no /inference/v1/generate route, which image prompts need: "
@@ -399,7 +403,7 @@ class _HTTPWeightSyncClient:
         self.generator = generator
 
     def _post(self, path, body=None):
-        self.generator._request("POST", path, body, read_timeout=None)
+        self.generator._request("POST", path, body, read_timeout=self.generator.weight_timeout)
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         self._post("/init_weight_transfer_engine", {"init_info": init_info})
