@@ -79,6 +79,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
     """
 
     _tag_names = ["grpokit", "grpo"]
+    _asynchronous = False  # AsyncGRPOTrainer (grpokit.experimental.async_grpo) takes async_grpo=True
     loss_is_scaled_for_ga = True  # compute_loss already divides by the gradient-accumulation steps
 
     def __init__(
@@ -99,6 +100,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         if args is None:
             name = model if isinstance(model, str) else models.model_id(model) or type(model).__name__
             args = GRPOConfig(f"{name.rstrip('/').split('/')[-1]}-GRPO")
+        if args.async_grpo and not self._asynchronous:
+            raise ValueError("async_grpo=True: train with grpokit.experimental.async_grpo.AsyncGRPOTrainer")
         reward_funcs = _as_list(reward_funcs)
         refuse_unknown_arguments(trl_only)  # a mistyped keyword: TypeError with "did you mean", before anything else
         owned_rewards = self._take_agent_arguments(args, trl_only, train_dataset)  # see grpokit.agents

@@ -71,12 +71,19 @@ def test_bad_async_values_are_refused_together(tmp_path):
             str(tmp_path), max_staleness=-1, weight_sync_steps=0, queue_maxsize=0, learning_rate=-1.0, report_to="none"
         )
     lines = str(caught.value).splitlines()
-    assert [line.split(":")[0] for line in lines] == [
+    assert sorted(line.split(":")[0] for line in lines) == [
         "learning_rate=-1.0",
         "max_staleness=-1",
-        "weight_sync_steps=0",
         "queue_maxsize=0",
+        "weight_sync_steps=0",
     ]
+
+
+def test_the_pipelines_fields_are_refused_without_async_grpo(tmp_path):
+    from grpokit import GRPOConfig
+
+    with pytest.raises(ConfigError, match="max_staleness=1: has no effect without async_grpo: true"):
+        GRPOConfig(str(tmp_path), max_staleness=1, report_to="none")
 
 
 def test_fields_grpokit_does_not_implement_are_refused(tmp_path):

@@ -119,6 +119,19 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
+        "asynchronous GRPO",
+        (
+            "async_grpo",
+            "max_staleness",
+            "max_inflight_tasks",
+            "queue_maxsize",
+            "weight_sync_steps",
+            "heartbeat_stale_after_s",
+            "request_timeout",
+            "weight_sync_timeout",
+        ),
+    ),
+    (
         "loss and algorithm",
         (
             "loss_type",

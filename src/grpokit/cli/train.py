@@ -54,22 +54,24 @@ def _demo_argv(extra_args: list[str]) -> list[str]:
     named by placeholders: only the configuration is checked)."""
     from grpokit.cli.demo import demo_config_path
 
-    tools = extra_args[:1] == ["tools"]
-    rest = extra_args[1:] if tools else extra_args
-    config = demo_config_path("tools" if tools else "digits")
+    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"]) else "digits"
+    rest = extra_args[1:] if kind != "digits" else extra_args
+    config = demo_config_path(kind)
     return ["--config", config, "--model_name_or_path", "demo-model", "--dataset_name", "demo.jsonl", *rest]
 
 
 def run_demo(extra_args) -> int:
-    """The built-in demo: `--demo` (a tiny model learns to repeat a digit) or `--demo tools` (it learns to call a
-    tool); any other arguments override the demo's config."""
+    """The built-in demo: `--demo` (a tiny model learns to repeat a digit), `--demo tools` (it learns to call a
+    tool) or `--demo async` (the digits with generation overlapped with training); any other arguments override
+    the demo's config."""
     from grpokit.cli.demo import demo_config_path, make_demo_dir
     from grpokit.demo import prepare_demo, prepare_tools_demo
 
-    tools = extra_args[:1] == ["tools"]
-    extra_args = extra_args[1:] if tools else extra_args
+    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"]) else "digits"
+    tools = kind == "tools"
+    extra_args = extra_args[1:] if kind != "digits" else extra_args
     prepare = prepare_tools_demo if tools else prepare_demo
-    out = "grpokit-demo-tools" if tools else "grpokit-demo"
+    out = {"digits": "grpokit-demo", "tools": "grpokit-demo-tools", "async": "grpokit-demo-async"}[kind]
     for i, arg in enumerate(extra_args):
         if arg == "--output_dir" and i + 1 < len(extra_args):
             out = extra_args[i + 1]
@@ -102,11 +104,16 @@ def run_demo(extra_args) -> int:
     if state.is_main_process and not launching:
         if tools:
             print(f"grpokit demo: a tiny model learns to open a vault with a tool before it answers ({out}/)")
+        elif kind == "async":
+            print(
+                f"grpokit demo: a tiny model learns to repeat the digit of prompts like '7=', generating the next "
+                f"batches while it trains on this one ({out}/)"
+            )
         else:
             print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
     args = [
         "--config",
-        demo_config_path("tools" if tools else "digits"),
+        demo_config_path(kind),
         "--model_name_or_path",
         model_dir,
         "--dataset_name",
@@ -117,7 +124,18 @@ def run_demo(extra_args) -> int:
         "true",
         *extra_args,
     ]
-    return _train(args, demo=True, relaunch_argv=["--demo", *(["tools"] if tools else []), *extra_args])
+    relaunch = ["--demo", *([kind] if kind != "digits" else []), *extra_args]
+    if kind != "async":
+        return _train(args, demo=True, relaunch_argv=relaunch)
+    from grpokit.cli.demo import demo_server
+
+    with demo_server(model_dir, os.path.join(out, "vllm-serve.log")) as url:
+        if url is None:  # no vLLM here: the rollout worker generates with its own copy of the policy
+            args += ["--use_vllm", "false"]
+        else:
+            print(f"grpokit demo: the rollout worker generates with a vLLM server of the demo's model at {url}")
+            args += ["--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", url]
+        return _train(args, demo=True, relaunch_argv=relaunch)
 
 
 def _engine_inputs(training_args) -> dict:
@@ -217,6 +235,8 @@ def _load_and_train(resolution, *, demo: bool) -> int:
     from grpokit.generation import GenerationError
     from grpokit.trainer import GRPOTrainer
 
+    if training_args.async_grpo:  # generation overlapped with training (grpokit.experimental.async_grpo)
+        from grpokit.experimental.async_grpo import AsyncGRPOTrainer as GRPOTrainer
     if training_args.progress_lines is None:  # the command's console: one line per log (see grpokit.records)
         training_args.progress_lines = True
     try:
@@ -230,7 +250,7 @@ def _load_and_train(resolution, *, demo: bool) -> int:
             peft_config=_peft_config(model_args),
             **agent_arguments,
         )
-    except (OSError, ValueError, GenerationError) as exc:
+    except (OSError, ValueError, TypeError, GenerationError) as exc:
         message = " ".join(str(exc).split())[:500]
         if isinstance(exc, OSError):  # transformers' loading errors often leave out what was being loaded
             message = f"loading {model_args.model_name_or_path!r} failed: {message}"

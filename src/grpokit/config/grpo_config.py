@@ -262,6 +262,64 @@ class GRPOConfig(TrainingArguments):
             "extension."
         },
     )
+    # ---- grpokit: asynchronous GRPO (TRL 1.16's trl.experimental.async_grpo fields) ----
+    async_grpo: bool = field(
+        default=False,
+        metadata={
+            "help": "Overlap generation with training: a rollout worker thread generates, scores and queues samples "
+            "while the trainer trains (AsyncGRPOTrainer; `grpokit train` picks it). Each sample is trained within "
+            "max_staleness weight updates of the policy that generated it, its tokens weighted by the "
+            "importance-sampling correction (vllm_importance_sampling_*). One generation batch per optimizer step. "
+            "grpokit extension (TRL: a separate AsyncGRPOTrainer)."
+        },
+    )
+    max_staleness: int = field(
+        default=4,
+        metadata={
+            "help": "With async_grpo: most weight updates a sample may lag behind the policy it is trained with; a "
+            "staler one is dropped and its prompt generated again (the built-in worker never runs further ahead). "
+            "0: every sample is trained by the policy that generated it, as without async_grpo."
+        },
+    )
+    max_inflight_tasks: int = field(
+        default=-1,
+        metadata={
+            "help": "With async_grpo: most completions the rollout worker asks the generator for at once (whole "
+            "groups of num_generations). -1: a generation batch per request."
+        },
+    )
+    queue_maxsize: int = field(
+        default=1024,
+        metadata={
+            "help": "With async_grpo: most scored samples waiting for the trainer; a full queue blocks the worker, "
+            "never the trainer."
+        },
+    )
+    weight_sync_steps: int = field(
+        default=1,
+        metadata={"help": "With async_grpo: optimizer steps between two pushes of the policy's weights."},
+    )
+    heartbeat_stale_after_s: float = field(
+        default=300.0,
+        metadata={
+            "help": "With async_grpo: seconds without a sign of life from the rollout worker (a generation or "
+            "reward that hangs) after which training stops with an error naming it."
+        },
+    )
+    request_timeout: int = field(
+        default=600,
+        metadata={
+            "help": "With async_grpo and vLLM: seconds one generation request to the server may take before it "
+            "fails the rollout worker."
+        },
+    )
+    weight_sync_timeout: int = field(
+        default=1800,
+        metadata={
+            "help": "With async_grpo and vLLM: seconds one weight transfer to the server may take before it fails "
+            "the run."
+        },
+    )
     use_transformers_continuous_batching: bool = field(
         default=False,
         metadata={

@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from .asynchronous import async_problems
 from .migrations import DEPRECATED_FIELDS, RENAMED_KEYS, legacy_scale_rewards
 
 _UNSET = object()
@@ -100,6 +101,12 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "tool_round_timeout": (0, False, None, False),
     "max_tool_result_chars": (1, True, None, False),
     "max_unscorable_rounds": (1, True, None, False),
+    "max_staleness": (0, True, None, False),
+    "queue_maxsize": (1, True, None, False),
+    "weight_sync_steps": (1, True, None, False),
+    "heartbeat_stale_after_s": (0, False, None, False),
+    "request_timeout": (0, False, None, False),
+    "weight_sync_timeout": (0, False, None, False),
     "dynamic_sampling_min_reward_std": (0, True, None, False),
     "dynamic_sampling_max_rounds": (1, True, None, False),
     # TrainingArguments
@@ -287,6 +294,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
             Problem("log_completions_hub_repo", "needs log_completions: true", get("log_completions_hub_repo"))
         )
     problems += _dynamic_sampling_problems(values, defaults)
+    problems += [Problem(*found) for found in async_problems(values, defaults)]
     problems += reference_problems(values)
     if get("load_in_8bit") and get("load_in_4bit"):
         problems.append(Problem("load_in_4bit", "load_in_8bit and load_in_4bit cannot both be true", True))

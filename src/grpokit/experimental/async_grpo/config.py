@@ -63,47 +63,9 @@ class AsyncGRPOConfig(GRPOConfig):
         },
     )
 
-    # ---- the asynchronous pipeline ----
-    max_staleness: int = field(
-        default=4,
-        metadata={
-            "help": "Most weight updates a sample may lag behind the policy it is trained with. A sample generated "
-            "with policy version v is trained at a version <= v + max_staleness, else dropped (its prompt is "
-            "generated again); the built-in worker never runs further ahead than this. 0: every sample is trained "
-            "by the policy that generated it, as the synchronous trainer."
-        },
-    )
-    max_inflight_tasks: int = field(
-        default=-1,
-        metadata={
-            "help": "Most completions the rollout worker asks the generator for at once (rounded up to whole "
-            "groups of num_generations). -1: a whole generation batch per request."
-        },
-    )
-    queue_maxsize: int = field(
-        default=1024,
-        metadata={
-            "help": "Most scored samples waiting for the trainer; a full queue blocks the worker, never the trainer."
-        },
-    )
-    weight_sync_steps: int = field(
-        default=1,
-        metadata={"help": "Optimizer steps between two pushes of the policy's weights to the generator."},
-    )
-    heartbeat_stale_after_s: float = field(
-        default=300.0,
-        metadata={
-            "help": "Seconds without a sign of life from the rollout worker (a generation or reward that hangs) "
-            "after which the trainer stops with an error naming it."
-        },
-    )
-    request_timeout: int = field(
-        default=600,
-        metadata={"help": "Seconds one generation request to the vLLM server may take before it fails the worker."},
-    )
-    weight_sync_timeout: int = field(
-        default=1800,
-        metadata={"help": "Seconds one weight transfer to the vLLM server may take before it fails the run."},
+    async_grpo: bool = field(
+        default=True,
+        metadata={"help": "Always true here: this is the asynchronous trainer's configuration."},
     )
     token_budget: int | None = field(
         default=None,
@@ -139,47 +101,15 @@ class AsyncGRPOConfig(GRPOConfig):
             raise ConfigError(problems)
 
     def _async_problems(self) -> list[Problem]:
-        problems = []
-
-        def refuse(name, message, hint=None):
-            problems.append(Problem(name, message, getattr(self, name), hint=hint))
-
-        if isinstance(self.max_staleness, int) and self.max_staleness < 0:
-            refuse("max_staleness", "must be >= 0 (0: train each sample with the policy that generated it)")
-        if isinstance(self.weight_sync_steps, int) and self.weight_sync_steps < 1:
-            refuse("weight_sync_steps", "must be >= 1")
-        if isinstance(self.queue_maxsize, int) and self.queue_maxsize < 1:
-            refuse("queue_maxsize", "must be >= 1 (it bounds the memory the waiting samples take)")
-        if isinstance(self.max_inflight_tasks, int) and (self.max_inflight_tasks == 0 or self.max_inflight_tasks < -1):
-            refuse("max_inflight_tasks", "must be -1 (a generation batch at once) or >= 1")
-        if isinstance(self.heartbeat_stale_after_s, (int, float)) and not self.heartbeat_stale_after_s > 0:
-            refuse("heartbeat_stale_after_s", "must be > 0")
+        """TRL's asynchronous fields grpokit does not implement (the pipeline's own rules are `rules.async_problems`,
+        shared with the YAML path)."""
         if self.fork_threshold_tokens != 1024:
-            refuse(
-                "fork_threshold_tokens",
-                "grpokit's tool loop never re-tokenizes a conversation, so there is no drift to fork on",
-                "leave it at its default",
-            )
-        if self.use_vllm and self.vllm_mode != "server":
-            refuse("vllm_mode", "the asynchronous trainer generates with a vLLM server only", "set vllm_mode: server")
-        if isinstance(self.num_iterations, int) and self.num_iterations != 1:
-            refuse(
-                "num_iterations",
-                "the asynchronous trainer trains each sample once; staleness is its off-policy knob",
-                "set num_iterations: 1 and use max_staleness",
-            )
-        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
-        if steps is not None and isinstance(steps, int) and steps != accumulation:
-            refuse(
-                "steps_per_generation",
-                f"the asynchronous trainer takes one generation batch per optimizer step "
-                f"(gradient_accumulation_steps={accumulation})",
-                "leave steps_per_generation unset",
-            )
-        if self.generation_batch_size is not None:
-            refuse(
-                "generation_batch_size",
-                "the asynchronous trainer takes one generation batch per optimizer step",
-                "leave it unset: it is per_device_train_batch_size x gradient_accumulation_steps x processes",
-            )
-        return problems
+            return [
+                Problem(
+                    "fork_threshold_tokens",
+                    "grpokit's tool loop never re-tokenizes a conversation, so there is no drift to fork on",
+                    self.fork_threshold_tokens,
+                    hint="leave it at its default",
+                )
+            ]
+        return []

@@ -55,6 +55,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["grpokit", "async-grpo"]
+    _asynchronous = True
 
     def __init__(
         self,
@@ -75,12 +76,15 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if args is None:
             name = model if isinstance(model, str) else type(model).__name__
             args = AsyncGRPOConfig(f"{name.rstrip('/').split('/')[-1]}-AsyncGRPO")
-        if not isinstance(args, AsyncGRPOConfig):
-            raise TypeError(f"args: AsyncGRPOTrainer takes an AsyncGRPOConfig, got {type(args).__name__}")
+        if not getattr(args, "async_grpo", False):
+            raise TypeError(
+                f"args: AsyncGRPOTrainer takes an AsyncGRPOConfig (or a GRPOConfig with async_grpo=True), got "
+                f"{type(args).__name__} with async_grpo={getattr(args, 'async_grpo', None)}"
+            )
         for name in ("eval_dataset", "rollout_func"):
             if grpokit_only.get(name) is not None:
                 raise ValueError(f"{name}: not supported by the asynchronous trainer yet; use GRPOTrainer for it")
-        if isinstance(model, str) and args.dtype:
+        if isinstance(model, str) and getattr(args, "dtype", None):
             init = dict(args.model_init_kwargs or {}) if not isinstance(args.model_init_kwargs, str) else None
             if init is not None:
                 init.setdefault("dtype", args.dtype)
@@ -385,7 +389,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
                     self.rollout_worker.check_health(self.args.heartbeat_stale_after_s)
             now = time.time()
             self._wait_s += now - started
-            budget = self.args.token_budget
+            budget = getattr(self.args, "token_budget", None)
             if budget is not None and budget > 0 and len(sample.input_ids) > budget:
                 logger.warning(
                     f"dropping a rollout sample of {len(sample.input_ids)} tokens: over token_budget={budget}"
