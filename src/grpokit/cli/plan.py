@@ -464,3 +464,52 @@ def agent_plan(values) -> list[tuple[str, object, str]] | None:
         )
     )
     return rows
+
+
+def async_plan(values) -> list[tuple[str, object, str]] | None:
+    """(name, value, how) rows of the asynchronous pipeline (async_grpo), None without it."""
+    if not values.get("async_grpo"):
+        return None
+    staleness = values.get("max_staleness", 4)
+    batch = values["generation_batch_size"]
+    inflight = values.get("max_inflight_tasks", -1)
+    queue = values.get("queue_maxsize", 1024)
+    generator = (
+        "vLLM server " + str(values.get("vllm_server_base_url") or "")
+        if values.get("use_vllm")
+        else ("the worker's own copy of the policy (transformers)")
+    )
+    mode = values.get("vllm_importance_sampling_mode") if values.get("vllm_importance_sampling_correction") else None
+    cap = values.get("vllm_importance_sampling_clip_max")
+    return [
+        ("rollout worker", "thread", "on the main process: generates, scores and queues while the trainer trains"),
+        ("generator", "", generator.strip()),
+        ("max_staleness", staleness, "weight updates a sample may lag the policy that trains it (older: dropped)"),
+        (
+            "batches ahead",
+            f"<= {staleness}",
+            f"the worker starts a batch only once the policy is within {staleness} version(s) of the one that trains it",
+        ),
+        ("samples in flight", f"<= {(staleness + 1) * batch}", f"(max_staleness + 1) x generation_batch_size {batch}"),
+        (
+            "per request",
+            batch if inflight == -1 else max(inflight, values["num_generations"]),
+            "max_inflight_tasks: completions asked of the generator at once (-1: a generation batch)",
+        ),
+        ("queue", f"<= {queue}", "queue_maxsize: samples waiting; a full queue blocks the worker, never the trainer"),
+        ("weight sync", f"every {values.get('weight_sync_steps', 1)} step(s)", "pause, push, resume; version + 1"),
+        ("staleness correction", mode or "off", _correction_how(mode, cap)),
+        (
+            "worker heartbeat",
+            f"{values.get('heartbeat_stale_after_s', 300.0):g} s",
+            "a worker silent for longer (a hung generation or reward) stops training",
+        ),
+    ]
+
+
+def _correction_how(mode: str | None, cap) -> str:
+    if mode is None:
+        return "vllm_importance_sampling_correction is off: stale samples are only clipped"
+    unit, how = mode.split("_")
+    weight = "each token by pi_current / pi_sampler" if unit == "token" else "each completion by its ratio"
+    return f"{weight}, {'capped at' if how == 'truncate' else 'dropped above'} {cap}"
