@@ -207,6 +207,7 @@ class AsyncRolloutWorker:
             logger.debug("rollout worker failed:\n%s", traceback.format_exc())
 
     def _wait_for_version(self, version: int) -> bool:
+        started = time.time()
         with self._changed:
             while self._version < version:
                 if self._stop.is_set():
@@ -214,6 +215,7 @@ class AsyncRolloutWorker:
                 self._heartbeat = time.time()
                 self._changed.wait(timeout=0.5)
         self._heartbeat = time.time()
+        self._push_metrics({"rollout/idle_s": self._heartbeat - started})  # held back by max_staleness
         return not self._stop.is_set()
 
     def _next_rows(self) -> tuple[list[dict], list[int]]:
