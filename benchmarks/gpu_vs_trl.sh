@@ -3,7 +3,8 @@
 # generation and vLLM colocate. Prints step time, phases, tokens/s, peak GPU memory, MFU of the training phase and
 # the ratios (see benchmarks/gpu_vs_trl.py for what each number is). For a lent GPU machine with no network beyond
 # PyPI: builds its own venv (grpokit from this checkout with its vLLM extra, trl==1.16.0), a random-init 0.5B-class
-# Qwen2 and prompts locally. About 8 minutes: ~2-3 to install, ~5 for the four runs (each stopped at 150 s).
+# Qwen2 and prompts locally. About 12 minutes: ~2-3 to install, ~5 for the four runs (each stopped at 150 s), ~4 for the three asynchronous
+# legs against a vLLM server (benchmarks/gpu_async_vs_trl.py).
 #   bash benchmarks/gpu_vs_trl.sh                  # from anywhere in the checkout
 #   PYTHON=/path/to/python bash benchmarks/gpu_vs_trl.sh   # an interpreter that has them already: no venv built
 # Without CUDA it stops, after preparing everything it can, with one line saying so (exit 3).
@@ -19,7 +20,7 @@ if [ -z "${PYTHON:-}" ]; then
   command -v python3 > /dev/null || die "python3 is not installed"
   python3 -m venv "$WORK/venv" || die "python3 -m venv failed (install the python3-venv package)"
   "$WORK/venv/bin/pip" install -q --upgrade pip > /dev/null || die "pip cannot reach PyPI (see above)"
-  "$WORK/venv/bin/pip" install -q -e ".[vllm]" "trl==1.16.0" || die "pip install of grpokit[vllm] and trl==1.16.0 failed (see above)"
+  "$WORK/venv/bin/pip" install -q -e ".[vllm]" "trl==1.16.0" aiohttp requests || die "pip install of grpokit[vllm] and trl==1.16.0 failed (see above)"
   PYTHON="$WORK/venv/bin/python"
   echo "venv built in $(( $(date +%s) - start )) s: $WORK/venv"
 fi
@@ -48,4 +49,7 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
 GPU_VS_TRL_RUN_TIMEOUT=${GPU_VS_TRL_RUN_TIMEOUT:-150} timeout 660 "$PYTHON" benchmarks/gpu_vs_trl.py run --work "$WORK"
+# The asynchronous legs: grpokit sync, grpokit async and TRL 1.16's async trainer against one vLLM server on this GPU.
+GPU_VS_TRL_RUN_TIMEOUT=${GPU_VS_TRL_RUN_TIMEOUT:-150} timeout 900 "$PYTHON" benchmarks/gpu_async_vs_trl.py run --work "$WORK" \
+  || echo "gpu_vs_trl: the asynchronous legs stopped (see above)"
 echo "total $(( $(date +%s) - start )) s; runs and logs in $WORK"

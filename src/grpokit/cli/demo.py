@@ -30,9 +30,18 @@ def make_demo_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def demo_server(model_dir: str, log_path: str, timeout_s: float = 600.0):
-    """`grpokit vllm-serve` of the demo's model on a free local port, for `--demo async` where vLLM is installed:
-    yields its URL once healthy (None when vLLM is not installed); stopped, with its process group, on exit."""
+def demo_server(
+    model_dir: str,
+    log_path: str,
+    timeout_s: float = 600.0,
+    *,
+    max_model_len: int = 64,
+    dtype: str = "float32",
+    extra=(),
+):
+    """`grpokit vllm-serve` of the demo's model on a free local port, for `--demo async` where vLLM is installed (and
+    the benchmarks): yields its URL once healthy (None when vLLM is not installed); stopped, with its process group,
+    on exit. `extra`: more `vllm serve` arguments."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -49,7 +58,7 @@ def demo_server(model_dir: str, log_path: str, timeout_s: float = 600.0):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "grpokit", "vllm-serve", model_dir, "--port", str(port), "--host", "127.0.0.1"]
-    command += ["--max-model-len", "64", "--dtype", "float32"]
+    command += ["--max-model-len", str(max_model_len), "--dtype", dtype, *extra]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     with open(log_path, "w", encoding="utf-8") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
