@@ -140,3 +140,16 @@ def test_lora_adapter_weights_reach_the_local_sampler(tmp_path, tiny_model, tiny
         assert row["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
     lora = {n: p for n, p in trainer.generator.model.named_parameters() if "lora_B" in n}
     assert lora and any(p.abs().sum() > 0 for p in lora.values())  # B starts at 0: the copy got trained values
+
+
+def test_a_server_that_is_not_up_is_one_line_before_the_model_loads(tmp_path, tiny_tokenizer, dataset, monkeypatch):
+    from grpokit import models
+    from grpokit.generation.vllm_server import VLLMServerError
+
+    loaded = []
+    monkeypatch.setattr(models, "build_models", lambda *a, **k: loaded.append(1))
+    args = make_config(tmp_path, use_vllm=True, vllm_server_base_url="http://127.0.0.1:9", vllm_server_timeout=1.0)
+    with pytest.raises(VLLMServerError) as caught:
+        AsyncGRPOTrainer("no-such-model", text_reward, args=args, train_dataset=dataset)
+    assert "\n" not in str(caught.value) and loaded == []
+    assert str(caught.value).startswith("no vLLM server answered at http://127.0.0.1:9 within 1s")

@@ -62,6 +62,26 @@ class VLLMServerError(GenerationError):
     """A one-line error about the vLLM server (unreachable, wrong model, missing flags, died mid-run)."""
 
 
+def wait_for_server(base_url: str, timeout: float) -> None:
+    """Return once `base_url`/health answers 200; a one-line `VLLMServerError` after `timeout` seconds."""
+    base_url = base_url.rstrip("/")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            health = urllib.request.Request(base_url + "/health", headers=auth_headers())
+            with urllib.request.urlopen(health, timeout=min(5.0, timeout)) as response:
+                if response.status == 200:
+                    return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            raise VLLMServerError(
+                f"no vLLM server answered at {base_url} within {timeout:g}s: start one with `{SERVE_HINT}` (on that "
+                f"host and port), or point vllm_server_base_url / vllm_server_host and vllm_server_port at it"
+            )
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
 class VLLMServerGenerator:
     """Completions and weight pushes against one `vllm serve` at `base_url`."""
 
@@ -131,22 +151,7 @@ class VLLMServerGenerator:
         return served, backend, world_size
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                health = urllib.request.Request(self.base_url + "/health", headers=auth_headers())
-                with urllib.request.urlopen(health, timeout=min(5.0, self.timeout)) as response:
-                    if response.status == 200:
-                        return
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() >= deadline:
-                raise VLLMServerError(
-                    f"no vLLM server answered at {self.base_url} within {self.timeout:g}s: start one with "
-                    f"`{SERVE_HINT}` (on that host and port), or point vllm_server_base_url / vllm_server_host and "
-                    f"vllm_server_port at it"
-                )
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        wait_for_server(self.base_url, self.timeout)
 
     def _served_model(self) -> tuple[str, str | None]:
         models = self._request("GET", "/v1/models").get("data") or []

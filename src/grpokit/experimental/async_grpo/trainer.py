@@ -90,6 +90,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 init.setdefault("dtype", args.dtype)
                 args.model_init_kwargs = init
         self._plugged_worker, self._plugged_transfer = rollout_worker, weight_transfer
+        if args.use_vllm and weight_transfer is None and int(os.environ.get("RANK", "0") or 0) == 0:
+            from grpokit.generation.vllm_server import wait_for_server
+
+            url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+            wait_for_server(url, args.vllm_server_timeout)  # before anything loads: one line
         if rollout_worker is not None and weight_transfer is not None and args.use_vllm:
             args.use_vllm = False  # the plugged worker generates and the plugged transfer syncs: no vLLM needed here
         if rollout_worker is not None and not reward_funcs and environment_factory is None:
