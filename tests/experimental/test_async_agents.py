@@ -113,3 +113,32 @@ def test_an_environments_tools_and_reward(tok, tmp_path):
     # batch rows 0..3 add 1..4: the environments' rewards, averaged
     assert [row["rewards/Counter/mean"] for row in rows] == [2.5, 2.5]
     assert [row["tools/call_frequency"] for row in rows] == [1.0, 1.0]
+
+
+def test_image_prompts_train_through_the_worker(tmp_path):
+    """A vision-language model (tiny LLaVA): the worker's copy generates from the images, the trainer scores with
+    them; at staleness 0 the sampler's logprobs equal the trainer's (images included), and the vision tower moves."""
+    import datasets
+
+    from grpokit.tiny import build_vlm, random_image
+
+    model, processor = build_vlm("llava")
+    rows = [{"prompt": [{"role": "user", "content": f"Describe {i}"}], "image": random_image(i)} for i in range(4)]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = make_config(tmp_path, max_steps=2, max_staleness=0, max_completion_length=6, learning_rate=1e-2)
+    trainer = AsyncGRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [float(len(c[0]["content"]) % 5) for c in completions],
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=processor,
+    )
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logged) == 2
+    for row in logged:
+        assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+        assert row["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert any("vision" in n for n in changed)
+    assert all(isinstance(s["prompt"], list) for s in trainer._completion_log.samples)  # text only in the records

@@ -33,12 +33,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from grpokit import checkpoints, vision
 from grpokit.dist import LOCAL
-from grpokit.generation import build_generator, is_truncated
-from grpokit.rollout.rollout import generate_completions, produce_rollout
+from grpokit.generation import build_generator, is_conversational, is_truncated
+from grpokit.rollout.rollout import _vision_rows, generate_completions, produce_rollout
 from grpokit.trainer import GRPOTrainer
 
 from .config import AsyncGRPOConfig
-from .samples import RolloutSample, drain, reduce_window, rollout_of
+from .samples import RolloutSample, drain, reduce_window, rollout_of, split
 from .transfer import LocalSampler, LocalWeightTransfer, ServerWeightTransfer
 from .worker import AsyncRolloutWorker, PromptOrder
 
@@ -118,8 +118,6 @@ class AsyncGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 "environment_factory with several processes is not supported by the asynchronous trainer yet"
             )
-        if vision.is_processor(self.processing_class):
-            raise ValueError("the asynchronous trainer does not take vision-language models yet: use GRPOTrainer")
         self.model_version = 0
         self._sync_base = None  # (global step, version) right after the first sync of this train() call
         self._resume_state = None  # the rollout state read from the checkpoint resumed from
@@ -136,32 +134,25 @@ class AsyncGRPOTrainer(GRPOTrainer):
             return None
         if self._plugged_worker is not None and (self._plugged_transfer is not None or not args.use_vllm):
             return None  # the plugged worker generates; nothing here would push weights to a server
+        processor = self.processing_class
+        common = dict(
+            model_path=self._model_path,
+            dtype=self.accelerator.unwrap_model(self.model).dtype,
+            tokenizer=vision.tokenizer_of(processor),
+            eos_token_ids=self.eos_token_ids,
+            device=self.accelerator.device,
+            never_sample=vision.image_token_ids(processor, self.model) if vision.is_processor(processor) else (),
+            vision_model=vision.is_processor(processor),
+        )
         if args.use_vllm:
-            generator = build_generator(
-                args,
-                policy=self._unwrapped_for_generation,
-                model_path=self._model_path,
-                dtype=self.accelerator.unwrap_model(self.model).dtype,
-                tokenizer=self.processing_class,
-                eos_token_ids=self.eos_token_ids,
-                device=self.accelerator.device,
-                dist=LOCAL,
-            )
+            generator = build_generator(args, policy=self._unwrapped_for_generation, dist=LOCAL, **common)
             generator.request_timeout, generator.weight_timeout = args.request_timeout, args.weight_sync_timeout
             return generator
         return LocalSampler(
             self.accelerator.unwrap_model(self.model),
-            lambda policy: build_generator(
-                _without_vllm(args),
-                policy=policy,
-                model_path=self._model_path,
-                dtype=self.accelerator.unwrap_model(self.model).dtype,
-                tokenizer=self.processing_class,
-                eos_token_ids=self.eos_token_ids,
-                device=self.accelerator.device,
-            ),
+            lambda policy: build_generator(_without_vllm(args), policy=policy, **common),
             args.temperature,
-            self.processing_class.pad_token_id,
+            vision.tokenizer_of(processor).pad_token_id,
         )
 
     def _start_pipeline(self) -> None:
@@ -237,6 +228,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             raise ValueError("the generator gave no sampling log-probabilities, which the asynchronous trainer needs")
         weights = torch.tensor(settings.reward_weights or [1.0] * rollout.rewards.size(1))
         calls = [[]] * len(rows)
+        images = vision.is_processor(self.processing_class) and any(vision.has_image_column(row) for row in rows)
         if self.agent is not None and self.agent.last is not None:
             self._worker_metrics(self._agent_records(LOCAL, record_calls=False))
             calls = [[dict(vars(call)) for call in made] for made in self.agent.last.calls]
@@ -246,14 +238,16 @@ class AsyncGRPOTrainer(GRPOTrainer):
             length = int(rollout.completion_mask[i].sum())
             completion = rollout.completion_ids[i][:length].tolist()
             trained = [1] * length if rollout.tool_mask is None else rollout.tool_mask[i][:length].tolist()
-            truncated = is_truncated(completion, self.eos_token_ids, self.processing_class.pad_token_id)
+            truncated = is_truncated(
+                completion, self.eos_token_ids, vision.tokenizer_of(self.processing_class).pad_token_id
+            )
             if truncated and args.mask_truncated_completions:
                 trained = [0] * length
             rewards = rollout.rewards[i]
             total = torch.nansum(rewards * weights).item() if not torch.isnan(rewards).all() else float("nan")
             samples.append(
                 RolloutSample(
-                    prompt=rollout.prompts[i],
+                    prompt=_with_images(rows[i], i) if images else rollout.prompts[i],
                     completion=rollout.completions[i],
                     input_ids=_array(prompt + completion, "int64"),
                     completion_mask=_array([0] * len(prompt) + trained, "int64"),
@@ -340,7 +334,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             samples,
             process_index=self._dist.process_index,
             num_processes=self._dist.num_processes,
-            pad_token_id=self.processing_class.pad_token_id,
+            pad_token_id=vision.tokenizer_of(self.processing_class).pad_token_id,
             reward_names=names,
             num_generations=args.num_generations,
             advantage_kwargs=dict(
@@ -351,12 +345,17 @@ class AsyncGRPOTrainer(GRPOTrainer):
             pad_to_multiple_of=args.pad_to_multiple_of,
             device=self.accelerator.device,
         )
+        if vision.is_processor(self.processing_class):
+            self._attach_images(rollout, samples)
         if args.beta != 0.0:
             chunk = args.per_device_train_batch_size
             ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
             mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+            scoring = {"vision": rollout.vision} if rollout.vision is not None else {}
             with torch.no_grad():
-                rollout.ref_logps = self._reference_logps_fn(chunk)(ids, mask, rollout.completion_ids.size(1))
+                rollout.ref_logps = self._reference_logps_fn(chunk)(
+                    ids, mask, rollout.completion_ids.size(1), **scoring
+                )
         self.state.num_input_tokens_seen += rollout.num_tokens
         metrics = self._metrics["train"]
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
@@ -371,6 +370,19 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if self.accelerator.is_main_process and hasattr(self.rollout_worker, "consumed"):
             self.rollout_worker.consumed(s.group_id for s in samples)
         return rollout
+
+    def _attach_images(self, rollout, samples: list[RolloutSample]) -> None:
+        """A vision-language model's image inputs for this process's rows, encoded from the samples' prompts as
+        generation encoded them (checked against the samples' prompt tokens); the records keep the prompts' text."""
+        share = len(samples) // self._dist.num_processes
+        mine = samples[self._dist.process_index * share : (self._dist.process_index + 1) * share]
+        prompts = [s.prompt for s in mine]
+        if vision_prompts(prompts):
+            prompt_ids = [split(s)[0] for s in mine]
+            rollout.vision = _vision_rows(
+                self.processing_class, prompts, prompt_ids, self._rollout_settings("train"), self.accelerator.device
+            )
+        rollout.prompts = [vision.without_images(p) for p in rollout.prompts]
 
     def _reward_names(self, samples: list[RolloutSample]) -> list[str]:
         if self._plugged_worker is None:
@@ -514,6 +526,17 @@ class _Pipeline(TrainerCallback):
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _with_images(row: dict, index: int):
+    """A dataset row's prompt with its `image`/`images` put into it, as the rollout generated from it."""
+    if not vision.has_image_column(row):
+        return row["prompt"]
+    return vision.attach_images(row["prompt"], vision.row_images(row, index, "batch"), index, "batch")
+
+
+def vision_prompts(prompts: list) -> bool:
+    return bool(prompts) and is_conversational(prompts[0]) and any(vision.prompt_images(p) for p in prompts)
 
 
 def _scored_by_the_worker(prompts, completions, **kwargs):

@@ -61,10 +61,10 @@ class LocalSampler:
     def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
         with self.lock:
             generated = self.inner.generate(prompt_ids) if vision is None else self.inner.generate(prompt_ids, vision)
-            return Generated(generated.completion_ids, self._logps(prompt_ids, generated.completion_ids))
+            return Generated(generated.completion_ids, self._logps(prompt_ids, generated.completion_ids, vision))
 
     @torch.no_grad()
-    def _logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+    def _logps(self, prompts: list[list[int]], completions: list[list[int]], vision=None) -> list[list[float]]:
         device = next(self.model.parameters()).device
         prompt = pad(prompts, value=self.pad_id, side="left")
         completion = pad(completions, value=self.pad_id, side="right")
@@ -78,7 +78,7 @@ class LocalSampler:
         ).to(device)
         if completion.size(1) == 0:
             return [[] for _ in completions]
-        scores = score_tokens(self.model, ids, mask, completion.size(1), temperature=self.temperature)
+        scores = score_tokens(self.model, ids, mask, completion.size(1), temperature=self.temperature, vision=vision)
         return [row[: len(c)].float().tolist() for row, c in zip(scores.logps, completions, strict=True)]
 
     def sync_weights(self, model) -> None:
