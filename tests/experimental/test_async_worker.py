@@ -153,3 +153,52 @@ def test_a_server_that_is_not_up_is_one_line_before_the_model_loads(tmp_path, ti
         AsyncGRPOTrainer("no-such-model", text_reward, args=args, train_dataset=dataset)
     assert "\n" not in str(caught.value) and loaded == []
     assert str(caught.value).startswith("no vLLM server answered at http://127.0.0.1:9 within 1s")
+
+
+def test_a_generator_that_dies_mid_run_stops_the_trainer_in_one_line(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    from grpokit.generation import GenerationError
+
+    args = make_config(tmp_path, max_steps=4, max_staleness=0)
+    trainer = AsyncGRPOTrainer(
+        tiny_model, text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    inner, calls = trainer.generator.inner.generate, []
+
+    def dies_at_the_third(prompt_ids, vision=None):
+        calls.append(1)
+        if len(calls) == 3:
+            raise GenerationError("the vLLM server at http://127.0.0.1:8000 did not answer /v1/completions")
+        return inner(prompt_ids)
+
+    trainer.generator.inner.generate = dies_at_the_third
+    with pytest.raises(RolloutWorkerError) as caught:
+        trainer.train()
+    assert isinstance(caught.value, GenerationError)  # grpokit train: one line, the weights saved
+    assert str(caught.value) == (
+        "the rollout worker failed: GenerationError: the vLLM server at http://127.0.0.1:8000 did not answer "
+        "/v1/completions"
+    )
+    assert trainer.state.global_step == 2  # the batches generated before it were trained
+
+
+def test_the_environment_owns_the_data(tmp_path):
+    """No train_dataset: the environment writes each prompt in reset(); max_steps sets the length (as TRL)."""
+    from grpokit.tiny import build_model, build_tool_tokenizer
+
+    tiny_tokenizer = build_tool_tokenizer()
+
+    class Guess:
+        def reset(self, **kwargs):
+            self.target = "7"
+            return "Say 7."
+
+        def get_reward(self):
+            return 1.0
+
+    args = make_config(tmp_path, max_steps=2)
+    trainer = AsyncGRPOTrainer(
+        build_model(tiny_tokenizer), args=args, processing_class=tiny_tokenizer, environment_factory=Guess
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert trainer.reward_func_names == ["Guess"]

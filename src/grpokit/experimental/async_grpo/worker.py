@@ -24,13 +24,16 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from grpokit.generation import GenerationError
+
 from .samples import RolloutSample
 
 logger = logging.getLogger(__name__)
 
 
-class RolloutWorkerError(RuntimeError):
-    """The rollout worker died or hung: one line naming what happened."""
+class RolloutWorkerError(GenerationError):
+    """The rollout worker died or hung: one line naming what happened (a `GenerationError`: `grpokit train` stops on
+    it in one line, saving what was trained)."""
 
 
 class PromptOrder:
