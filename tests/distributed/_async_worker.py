@@ -55,6 +55,7 @@ def main(work: str) -> None:
         json.dump(
             {
                 "distributed_type": str(state.distributed_type),
+                "wrapper": type(trainer.model_wrapped).__name__,
                 "num_processes": state.num_processes,
                 "steps": trainer.state.global_step,
                 "slices": slices,

@@ -1,19 +1,33 @@
-"""AsyncGRPOTrainer on 2 real DDP processes (CPU, gloo): the worker thread runs on rank 0 only, each generation batch
-is shared out (each process trains its own half), the weights stay identical, staleness stays within its bound."""
+"""AsyncGRPOTrainer on 2 real processes (CPU, gloo), under DDP and DeepSpeed ZeRO-2: the worker thread runs on rank 0
+only, each generation batch is shared out (each process trains its own half), the weights stay identical, staleness
+stays within its bound."""
 
 import json
+import subprocess
 
-from _launch import HERE, launch_two_cpu_processes
+import pytest
+from _launch import HERE, two_cpu_processes
 
 WORKER = f"{HERE}/_async_worker.py"
+ENGINES = {
+    "ddp": ([], "DistributedType.MULTI_CPU", "DistributedDataParallel"),
+    "zero2": (["--use_deepspeed", "--zero_stage", "2"], "DistributedType.DEEPSPEED", "DeepSpeedEngine"),
+}
 
 
-def test_two_processes_train_their_halves_of_each_batch(tmp_path):
-    result = launch_two_cpu_processes(WORKER, str(tmp_path), cwd=tmp_path, timeout=300)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_two_processes_train_their_halves_of_each_batch(tmp_path, engine):
+    flags, kind, wrapper = ENGINES[engine]
+    command, env = two_cpu_processes(WORKER, str(tmp_path))
+    if flags:  # DeepSpeed must not be told "cpu" (accelerate would drop it for plain DDP); it runs over gloo
+        env.pop("ACCELERATE_USE_CPU")
+        command = [c for c in command if c != "--multi_gpu"]
+        command[3:3] = flags
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:
-        assert rank["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert rank["distributed_type"] == kind and rank["wrapper"] == wrapper
         assert rank["num_processes"] == 2
         assert rank["steps"] == 3 and len(rank["slices"]) == 3
         assert all(s["rows"] == 2 for s in rank["slices"])  # half of each 4-sample batch

@@ -202,3 +202,30 @@ def test_the_environment_owns_the_data(tmp_path):
     trainer.train()
     assert trainer.state.global_step == 2
     assert trainer.reward_func_names == ["Guess"]
+
+
+def test_async_rewards_and_none_entries_in_the_worker(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """An async reward function and one that scores only some samples (None for the others), as TRL takes them."""
+    import asyncio
+
+    async def slow_length(completions, **kwargs):
+        await asyncio.sleep(0.01)
+        return [len(c) / 8 for c in completions]
+
+    def only_short_prompts(prompts, completions, **kwargs):
+        return [1.0 if len(p) <= 2 else None for p in prompts]
+
+    args = make_config(tmp_path, max_steps=2)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        [slow_length, only_short_prompts],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2
+    # step 1 trains prompts "ab" and "cde": only "ab" is short, so the second function scores half the samples
+    assert rows[0]["rewards/only_short_prompts/mean"] == 1.0
+    assert 0 <= rows[0]["rewards/slow_length/mean"] <= 1

@@ -99,6 +99,25 @@ def test_training_against_the_server(tmp_path, server, model_dir, max_staleness)
     )
 
 
+def test_lora_is_pushed_merged(tmp_path, server, model_dir):
+    """A LoRA adapter trains; the server gets the base weights with the adapter merged at every sync: at staleness 0
+    its logprobs are the trainer's (gap < 1e-3) while the adapter moves the policy."""
+    from peft import LoraConfig
+
+    from grpokit.experimental.async_grpo import AsyncGRPOTrainer
+
+    args = _config(tmp_path, server, max_staleness=0, learning_rate=0.5)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer = AsyncGRPOTrainer(model_dir, _reward, args=args, train_dataset=_dataset(), peft_config=lora)
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 4
+    for row in rows:
+        assert row["sampling/sampling_logp_difference/max"] < 1e-3, row
+    moved = max(p.abs().max().item() for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    assert moved > 1e-3  # lora_B starts at 0: the adapter did change the policy the server had to follow
+
+
 def test_a_request_in_flight_finishes_on_the_new_weights(server, model_dir):
     """A long request is in flight when the weights change (pause mode=keep, push, resume): it finishes, its first
     tokens' logprobs are the old weights', its last tokens' the new weights' (one switch), computed by transformers."""
