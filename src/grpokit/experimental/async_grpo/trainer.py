@@ -37,6 +37,7 @@ from grpokit.generation import build_generator, is_conversational, is_truncated
 from grpokit.rollout.rollout import _vision_rows, generate_completions, produce_rollout
 from grpokit.trainer import GRPOTrainer
 
+from .accounting import SamplerDistance, StepClock, batch_metrics, padded_positions
 from .config import AsyncGRPOConfig
 from .samples import RolloutSample, drain, reduce_window, rollout_of, split
 from .transfer import LocalSampler, LocalWeightTransfer, ServerWeightTransfer
@@ -124,7 +125,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self._wait_s = 0.0
         self._span_end = None  # the version right after the worker's last generation, when weights can change under it
         self.rollout_worker = self.weight_transfer = self.rollout_queue = None
+        self._loss_step_correction = SamplerDistance(self._dist, self._metrics)  # also TRL's `ratio` and `kl`
+        self._step_tokens = None  # (forwarded, trained) tokens of the current step's batch, all processes
         self.add_callback(_Pipeline(self))
+        self.add_callback(StepClock(self))
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -358,6 +362,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 )
         self.state.num_input_tokens_seen += rollout.num_tokens
         metrics = self._metrics["train"]
+        accounted = batch_metrics(
+            samples, padded_positions(samples, self._dist.num_processes, args.pad_to_multiple_of)
+        )
+        for name, value in accounted.items():
+            metrics[name].append(value)
+        self._step_tokens = (accounted["batch/forwarded_tokens_per_step"], accounted["batch/trained_tokens_per_step"])
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
