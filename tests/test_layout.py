@@ -205,6 +205,7 @@ MAY_IMPORT = {
         "grpokit.scoring",
         "grpokit.checkpoints",
         "grpokit.dist",
+        "grpokit.sharding",
         "grpokit.vision",
     },
     "grpokit.records": {"grpokit.config", "grpokit.data"},

@@ -31,7 +31,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from grpokit import checkpoints, vision
+from grpokit import checkpoints, sharding, vision
 from grpokit.dist import LOCAL
 from grpokit.generation import build_generator, is_conversational, is_truncated
 from grpokit.rollout.rollout import _vision_rows, generate_completions, produce_rollout
@@ -113,8 +113,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
             **agent,
             **grpokit_only,
         )
-        if self.is_fsdp_enabled or (self.is_deepspeed_enabled and _zero_stage(self) == 3):
-            raise ValueError("the asynchronous trainer does not shard the policy yet: use DDP or ZeRO-1/2")
+        if sharding.is_sharded(self.accelerator.unwrap_model(self.model)) and not args.use_vllm:
+            raise ValueError(
+                "the rollout worker's own copy of the policy needs it whole, and it was loaded sharded (ZeRO-3 with "
+                "zero3_init_flag): generate with a vLLM server, or leave zero3_init_flag off"
+            )
         if self.agent is not None and self.agent.environments is not None and self._dist.num_processes > 1:
             raise ValueError(
                 "environment_factory with several processes is not supported by the asynchronous trainer yet"
@@ -451,9 +454,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         paused = time.time()
         self.accelerator.wait_for_everyone()
         gathered = time.time()
-        if main and transfer is not None:
-            model = self.accelerator.unwrap_model(self.model)
-            transfer.send_weights((name, p.detach()) for name, p in model.named_parameters())
+        model = self.accelerator.unwrap_model(self.model)
+        with sharding.full_parameters(model):  # ZeRO-3 / FSDP2: every process gathers, the main one sends
+            if main and transfer is not None:
+                transfer.send_weights((name, p.detach()) for name, p in model.named_parameters())
         sent = time.time()
         self.accelerator.wait_for_everyone()
         if main:
@@ -582,8 +586,3 @@ def _without_vllm(args):
     plain = copy.copy(args)
     plain.use_vllm = False
     return plain
-
-
-def _zero_stage(trainer) -> int:
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    return int(getattr(plugin, "zero_stage", 0) or 0)
