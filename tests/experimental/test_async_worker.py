@@ -229,3 +229,29 @@ def test_async_rewards_and_none_entries_in_the_worker(tmp_path, tiny_model, tiny
     # step 1 trains prompts "ab" and "cde": only "ab" is short, so the second function scores half the samples
     assert rows[0]["rewards/only_short_prompts/mean"] == 1.0
     assert 0 <= rows[0]["rewards/slow_length/mean"] <= 1
+
+
+def test_a_full_queue_blocks_the_worker_never_the_trainer(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """queue_maxsize=3 (less than a 4-sample batch) with a slow trainer: the worker waits on the full queue
+    (rollout/backpressure_s), the queue never holds more than 3 samples, and every step still trains."""
+    args = make_config(tmp_path, max_steps=4, max_staleness=3, queue_maxsize=3)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        text_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        callbacks=[SlowSteps(0.3)],
+    )
+    sizes = []
+    take = trainer._take_samples
+
+    def watched(count):
+        sizes.append(trainer.rollout_queue.qsize())
+        return take(count)
+
+    trainer._take_samples = watched
+    trainer.train()
+    rows = logged_rows(trainer)
+    assert len(rows) == 4 and max(sizes) <= 3
+    assert sum(row.get("rollout/backpressure_s", 0.0) for row in rows) > 0.1

@@ -234,17 +234,18 @@ class AsyncRolloutWorker:
         return rows, groups
 
     def _put(self, sample: RolloutSample) -> bool:
-        blocked = None
+        started = time.time()
         while not self._stop.is_set():
             self._heartbeat = time.time()
-            sample.enqueued_at = time.time()
+            sample.enqueued_at = self._heartbeat
             try:
                 self.rollout_buffer.put(sample, timeout=0.5)
-                if blocked is not None:
-                    self._push_metrics({"rollout/backpressure_s": time.time() - blocked})
-                return True
             except queue.Full:
-                blocked = blocked or time.time()
+                continue
+            waited = time.time() - started
+            if waited > 1e-3:  # the queue was full: generation held back by the trainer
+                self._push_metrics({"rollout/backpressure_s": waited})
+            return True
         return False
 
     def _push_metrics(self, values: dict) -> None:
