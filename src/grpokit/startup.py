@@ -4,6 +4,7 @@ settings grpokit does not implement, hardware and launch mismatches, rewards and
 from __future__ import annotations
 
 import logging
+import os
 
 from .config.precision import hardware_problems, installed
 from .config.rules import reference_problems
@@ -78,6 +79,7 @@ def check_before_loading(
     state = getattr(args, "distributed_state", None)
     if state is not None:
         problems += launch_problems(args.world_size, str(state.distributed_type))
+        problems += unshared_output_dir(args, state)
     engine = launched_engine(deepspeed_plugin=getattr(args, "deepspeed_plugin", None))
     problems += engine_problems(
         **engine,
@@ -108,3 +110,46 @@ def check_before_loading(
             problems.append(str(exc))
     if problems:
         raise ValueError("GRPOTrainer cannot start:\n  " + "\n  ".join(problems))
+
+
+def unshared_output_dir(args, state) -> list[str]:
+    """With several machines, a run that writes checkpoints (or resumes one) needs one output_dir that every machine
+    sees: process 0 writes each checkpoint, every process adds its RNG state to it, and on resume every process reads
+    it back. Process 0 writes a token there; the first process of each machine looks for it (every process takes
+    part: collectives). A run without checkpoints writes its records and final model on process 0's machine alone and
+    reads nothing back, so it may use a folder per machine."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    strategy = str(getattr(args.save_strategy, "value", args.save_strategy))
+    if world <= local or (strategy == "no" and args.resume_from_checkpoint is None):
+        return []
+    import secrets
+
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    marker = os.path.join(args.output_dir, ".grpokit-shared-output-dir")
+    token = broadcast_object_list([secrets.token_hex(8) if state.process_index == 0 else None])[0]
+    if state.process_index == 0:
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as fh:
+            fh.write(token)
+    state.wait_for_everyone()
+    seen = True
+    if state.local_process_index == 0:
+        try:
+            with open(marker, encoding="utf-8") as fh:
+                seen = fh.read() == token
+        except OSError:
+            seen = False
+    blind = sorted({machine for machine, ok in gather_object([(state.process_index // local, seen)]) if not ok})
+    state.wait_for_everyone()
+    if state.process_index == 0:
+        os.remove(marker)
+    if not blind:
+        return []
+    which = ", ".join(map(str, blind))
+    return [
+        f"output_dir={args.output_dir!r} is not shared between machines: machine {which} does not see what process 0 "
+        "writes there, and checkpoints need it (process 0 writes them, every process adds its RNG state and reads "
+        "them back on resume); put output_dir on a filesystem every machine mounts, or set save_strategy: no"
+    ]

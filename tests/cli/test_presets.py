@@ -405,3 +405,29 @@ def test_the_demo_on_two_machines_each_with_its_own_folder(tmp_path):
         assert (tmp_path / f"machine{rank}" / "initial_model" / "model.safetensors").is_file()
     rows = [json.loads(line) for line in (tmp_path / "machine0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward" in r] == [1, 2]  # process 0 writes the run's records
+
+
+def test_checkpoints_in_a_folder_per_machine_are_refused_in_one_line(tmp_path):
+    """Two machines on one host with a folder each, and checkpoints to write: refused before the model loads, on both
+    machines, naming the machine that cannot see process 0's folder (checkpoints need one shared output_dir)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("ACCELERATE_")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
+    port = str(_free_port())
+    machines = []
+    for rank in (0, 1):
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+        command += ["--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
+        command += ["--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["-m", "grpokit", "train", "--demo", "--max_steps", "2", "--save_strategy", "steps"]
+        command += ["--save_steps", "1", "--output_dir", str(tmp_path / f"machine{rank}")]
+        machines.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outputs = [machine.communicate(timeout=600) for machine in machines]
+    finally:
+        for machine in machines:
+            if machine.poll() is None:
+                machine.kill()
+    for machine, (_, stderr) in zip(machines, outputs, strict=True):
+        assert machine.returncode != 0
+        assert "is not shared between machines: machine 1 does not see what process 0 writes there" in stderr
+    assert not list((tmp_path / "machine0").glob("checkpoint-*"))
