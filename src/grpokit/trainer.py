@@ -180,6 +180,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
+        self._saved_at = None  # the global step of the latest checkpoint
         self._metrics = MetricBuffers(self._dist, self.accelerator.device)
         images = os.path.join(args.output_dir, "completions", "images") if args.log_multimodal else None
         self._completion_log = CompletionLog(args.generation_batch_size, image_dir=images)
@@ -531,6 +532,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             metrics = {f"eval_{name}": value for name, value in metrics.items()}
         elif self._nan_guard is not None and "loss" in logs:  # a training row (not the end-of-training summary)
             metrics["nonfinite_steps_skipped"] = self._nan_guard.take_skipped()
+        elif "train_runtime" in logs and self._saved_at == self.state.global_step < self.state.max_steps:
+            metrics = {}  # stopped early right after a checkpoint that holds this interval: logged after a resume
         logs.update(metrics)
         super().log(logs, start_time)
         self._metrics[mode].clear()
@@ -576,6 +579,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         checkpoints.save_round_state(self, folder)
+        self._saved_at = self.state.global_step
 
     def _issue_warnings_after_load(self, load_result):
         # A tied lm_head is saved once, under the embedding's name: not a missing key (see without_tied_keys).

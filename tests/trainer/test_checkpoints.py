@@ -178,3 +178,38 @@ def test_resume_last_and_changed_settings(tiny_model_dir, dataset, make_args, ca
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 3
     assert f"resuming from {checkpoint} with changed settings (resume_allow_changes)" in caplog.text
+
+
+def test_a_run_stopped_after_a_checkpoint_logs_its_partial_interval_after_the_resume(make_args, dataset, tmp_path):
+    """Stopped at step 3 of a 2-step logging grid, right after its checkpoint (as SIGTERM stops `grpokit train`): the
+    end-of-training row carries no metrics of steps 3 (the checkpoint holds them), and the resumed run logs them on
+    the grid, at step 4: rows at 2 and 4 only, no off-grid row at 3."""
+    from transformers import TrainerCallback
+
+    from grpokit import GRPOTrainer
+    from grpokit.tiny import build_model, build_tokenizer
+
+    class StopAt3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                control.should_save = control.should_training_stop = True
+
+    tokenizer = build_tokenizer()
+    out = str(tmp_path / "run")
+    args = make_args(output_dir=out, max_steps=4, logging_steps=2, save_strategy="steps", save_steps=100)
+    first = GRPOTrainer(
+        build_model(tokenizer),
+        text_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StopAt3()],
+    )
+    first.train()
+    assert [row["step"] for row in first.state.log_history if "reward" in row] == [2]
+    args = make_args(output_dir=out, max_steps=4, logging_steps=2, save_strategy="steps", save_steps=100)
+    resumed = GRPOTrainer(
+        build_model(tokenizer), text_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    resumed.train(resume_from_checkpoint=f"{out}/checkpoint-3")
+    assert [row["step"] for row in resumed.state.log_history if "reward" in row] == [2, 4]
