@@ -113,11 +113,6 @@ class AsyncGRPOTrainer(GRPOTrainer):
             **agent,
             **grpokit_only,
         )
-        if sharding.is_sharded(self.accelerator.unwrap_model(self.model)) and not args.use_vllm:
-            raise ValueError(
-                "the rollout worker's own copy of the policy needs it whole, and it was loaded sharded (ZeRO-3 with "
-                "zero3_init_flag): generate with a vLLM server, or leave zero3_init_flag off"
-            )
         if self.agent is not None and self.agent.environments is not None and self._dist.num_processes > 1:
             raise ValueError(
                 "environment_factory with several processes is not supported by the asynchronous trainer yet"
@@ -155,6 +150,11 @@ class AsyncGRPOTrainer(GRPOTrainer):
             generator = build_generator(args, policy=self._unwrapped_for_generation, dist=LOCAL, **common)
             generator.request_timeout, generator.weight_timeout = args.request_timeout, args.weight_sync_timeout
             return generator
+        if sharding.is_sharded(self.accelerator.unwrap_model(self.model)):
+            raise ValueError(
+                "the rollout worker's own copy of the policy needs it whole, and it was loaded sharded (ZeRO-3 with "
+                "zero3_init_flag): generate with a vLLM server, or leave zero3_init_flag off"
+            )
         return LocalSampler(
             self.accelerator.unwrap_model(self.model),
             lambda policy: build_generator(_without_vllm(args), policy=policy, **common),
