@@ -65,6 +65,17 @@ def test_the_demo_learns_to_call_the_tool(tmp_path):
     assert sum(r["tools/call_frequency"] for r in last) / 10 >= 0.8
     assert (out / "reward_curve.png").is_file()
     assert "demo: tool calls per completion" in result.stdout
+    # An agent run records trajectories without log_completions: 4 of each log, tool turns and rewards included.
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(logged) == 4 * 80 and {row["step"] for row in logged} == set(range(1, 81))
+    assert (
+        any(m["role"] == "tool" for row in logged for m in row["completion"])
+        and "vault_reward" in logged[0]["rewards"]
+    )
+    # and prints one, readably (a message a line), with what the reward scores, at the first log and every 10th
+    assert result.stdout.count("a trajectory at step") == 8
+    assert "  a trajectory at step 1 (vault_reward " in result.stdout
+    assert "reward vault_reward: 0.5 when the completion holds the vault's answer as a tool turn" in result.stdout
 
 
 def test_the_warm_up_answers_after_the_tool_in_another_shape_than_at_once():

@@ -100,8 +100,11 @@ def test_tools_run_in_the_worker_and_their_turns_are_not_trained(tok, tmp_path):
         assert len(called) == 2
         for i in called:  # exactly the tool turn's tokens are left out of the loss
             assert int((masks[i] == 0).sum()) == len(tool_turn)
-    samples = [s for s in trainer._completion_log.samples if s.get("tool_calls")]
-    assert samples and samples[0]["tool_calls"][0]["name"] == "lookup"
+    # an agent run records its trajectories (completions.jsonl), the tool calls with the samples they belong to
+    logged = [json.loads(line) for line in open(f"{trainer.args.output_dir}/completions.jsonl")]
+    called = [row for row in logged if row.get("tool_calls")]
+    assert called and called[0]["tool_calls"][0]["name"] == "lookup"
+    assert any(m["role"] == "tool" and m["content"] == "VAL" for m in called[0]["completion"])
 
 
 def test_an_environments_tools_and_reward(tok, tmp_path):

@@ -1,6 +1,7 @@
 """The run's records in output_dir, written by one callback that every `GRPOTrainer` attaches to itself (`attach`):
 metrics.jsonl (one row per log, TRL's metric names plus `step`; evaluations' rows with `eval_` names),
-completions.jsonl (logged completions, with log_completions), resolved_config.yaml (when training begins) and
+completions.jsonl (logged completions, with log_completions; for an agent run a few trajectories of each log without it),
+resolved_config.yaml (when training begins) and
 reward_curve.png (when it ends); and, with progress_lines, one line per log on the console instead of transformers'
 log dicts and progress bar."""
 
@@ -66,6 +67,23 @@ class RunRecorder(TrainerCallback):
         self._start = None
         self.first_step = None  # the step training began at (0, or the checkpoint's step when resuming)
         self._loss_explained = False  # the note under the first progress line with a loss
+        self._logs_seen = 0  # training logs so far: an agent run prints a trajectory every EXCERPT_EVERY of them
+        self._rewards_explained = False
+
+    def _print_excerpt(self, step: int) -> None:
+        """One trajectory of the latest batch (the first with a tool call, if any), a message a line, and, the first
+        time, what each reward function scores (its docstring's first paragraph)."""
+        samples = list(getattr(self.trainer, "logged_completions", None) or [])
+        if not samples:
+            return
+        sample = next((s for s in samples if any(s.get("tool_calls") or [])), samples[0])
+        from grpokit.config.redaction import redact
+
+        print(redact(trajectory_excerpt(sample, step)), flush=True)
+        if not self._rewards_explained:
+            self._rewards_explained = True
+            for line in reward_descriptions(self.trainer):
+                print(redact(line), flush=True)
 
     def _dir(self, args) -> str:
         return self.output_dir or args.output_dir
@@ -113,19 +131,26 @@ class RunRecorder(TrainerCallback):
             if "train_runtime" in logs and self.show_progress:
                 print(f"done in {logs['train_runtime']:.0f}s")
             return
+        agent_run = getattr(self.trainer, "agent", None) is not None and not evaluation
+        if self.show_progress and (evaluation or "reward" in logs):
+            print(self._progress_line(logs, state, evaluation), flush=True)
+            if not evaluation and "loss" in logs and not self._loss_explained:
+                self._loss_explained = True
+                print(LOSS_NOTE + (LOSS_NOTE_KL if getattr(args, "beta", 0.0) else ""), flush=True)
+            if agent_run and "reward" in logs and self._logs_seen % EXCERPT_EVERY == 0:
+                self._print_excerpt(state.global_step)
+        if not evaluation and "reward" in logs:
+            self._logs_seen += 1
         if self.write:
             row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
             out = self._dir(args)
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, "metrics.jsonl"), "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(redact_deep(row)) + "\n")  # metric names are the user's (reward names): redacted
-            if args.log_completions:  # completions.jsonl only when asked for, as the field says
+            if args.log_completions:  # every logged completion, as the field says
                 self._write_completions(out, state.global_step, split="eval" if evaluation else None)
-        if self.show_progress and (evaluation or "reward" in logs):
-            print(self._progress_line(logs, state, evaluation), flush=True)
-            if not evaluation and "loss" in logs and not self._loss_explained:
-                self._loss_explained = True
-                print(LOSS_NOTE + (LOSS_NOTE_KL if getattr(args, "beta", 0.0) else ""), flush=True)
+            elif agent_run:  # an agent's trajectories are what a run must be read by: a few of each log, always
+                self._write_completions(out, state.global_step, limit=AGENT_TRAJECTORIES_PER_LOG)
 
     def _progress_line(self, logs, state, evaluation: bool) -> str:
         """`step  N/T | reward m ± s | loss l | elapsed, ETA` for a training log; `eval  step N/T | reward m ± s |
@@ -141,17 +166,60 @@ class RunRecorder(TrainerCallback):
         eta = elapsed / max(state.global_step, 1) * max(total - state.global_step, 0)
         return f"step {state.global_step:>5}/{total} | reward {reward}{loss} | {elapsed:.0f}s elapsed, ETA {eta:.0f}s"
 
-    def _write_completions(self, out: str, step, split: str | None = None) -> None:
-        """The completions logged since the last log; those of an evaluation marked `"split": "eval"`."""
+    def _write_completions(self, out: str, step, split: str | None = None, limit: int | None = None) -> None:
+        """The completions logged since the last log (the first `limit` of them); those of an evaluation marked
+        `"split": "eval"`."""
         samples = getattr(self.trainer, "logged_completions", None)
         if not samples:
             return
         marker = {"split": split} if split else {}
         with open(os.path.join(out, "completions.jsonl"), "a", encoding="utf-8") as fh:
-            for sample in samples:
+            for sample in list(samples)[:limit]:
                 row = json.loads(json.dumps({"step": step, **marker, **sample}, default=str))  # plain, then redacted
                 fh.write(json.dumps(redact_deep(row)) + "\n")
         samples.clear()
+
+
+AGENT_TRAJECTORIES_PER_LOG = 4  # an agent run writes this many trajectories of each log to completions.jsonl
+EXCERPT_EVERY = 10  # an agent run prints one trajectory at its first training log, then every this many logs
+
+
+def _short(text, width: int = 100) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def trajectory_excerpt(sample: dict, step: int) -> str:
+    """A logged trajectory, readable: its rewards, then the prompt's last message and every turn of the completion
+    (assistant text and calls, tool results), a line each, each cut to 100 characters."""
+    rewards = ", ".join(f"{name} {value:.3f}" for name, value in (sample.get("rewards") or {}).items())
+    lines = [f"  a trajectory at step {step} ({rewards}; advantage {sample.get('advantage', 0.0):+.3f}):"]
+    prompt, completion = sample.get("prompt"), sample.get("completion")
+    if isinstance(prompt, list) and prompt:
+        lines.append(f"    {prompt[-1].get('role', '?')}: {_short(prompt[-1].get('content', ''))}")
+    elif prompt is not None:
+        lines.append(f"    prompt: {_short(prompt)}")
+    for message in completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]:
+        role, content = message.get("role", "?"), message.get("content") or ""
+        calls = [c.get("function", c) for c in message.get("tool_calls") or []]
+        called = " ".join(f"[{c.get('name')}({json.dumps(c.get('arguments', {}), default=str)})]" for c in calls)
+        name = f" ({message['name']})" if role == "tool" and message.get("name") else ""
+        lines.append(f"    {role}{name}: {_short(' '.join(filter(None, [content, called])))}")
+    return "\n".join(lines)
+
+
+def reward_descriptions(trainer) -> list[str]:
+    """`  reward NAME: the first paragraph of its docstring` for each reward function that has one."""
+    import inspect
+
+    rewards = getattr(trainer, "rewards", None)
+    lines = []
+    for name, func in zip(getattr(rewards, "names", []), getattr(rewards, "funcs", []), strict=False):
+        doc = inspect.getdoc(func) or ""
+        first = doc.split("\n\n")[0].strip()
+        if first and not first.startswith(">>>"):
+            lines.append(f"  reward {name}: {_short(first, 300)}")
+    return lines
 
 
 def _keep_rows_until(path: str, step: int) -> None:
