@@ -256,3 +256,23 @@ def test_a_full_queue_blocks_the_worker_never_the_trainer(tmp_path, tiny_model, 
     rows = logged_rows(trainer)
     assert len(rows) == 4 and max(sizes) <= 3
     assert sum(row.get("rollout/backpressure_s", 0.0) for row in rows) > 0.1
+
+
+def test_log_extra_columns_reach_the_records(tmp_path, tiny_model, tiny_tokenizer, dataset, capsys):
+    """A reward function's log_extra in the worker: its values go with their samples to the completions table (and
+    its parquet files), each beside its own completion."""
+
+    def judged(completions, log_extra=None, **kwargs):
+        log_extra("verdict", [f"len {len(c)}" for c in completions])
+        return [len(c) / 8 for c in completions]
+
+    args = make_config(tmp_path, max_steps=2, log_completions=True)
+    trainer = AsyncGRPOTrainer(tiny_model, judged, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    trainer.train()
+    import pandas as pd
+
+    frames = [pd.read_parquet(path) for path in sorted((tmp_path / "out" / "completions").glob("*.parquet"))]
+    assert len(frames) == 2 and all(len(frame) == 4 for frame in frames)
+    for frame in frames:
+        assert list(frame["verdict"]) == [f"len {len(c)}" for c in frame["completion"]]
+    assert "verdict" in capsys.readouterr().out

@@ -41,7 +41,7 @@ class RolloutSample:
     # and each token's old_log_probs is under the weights that sampled it); None: model_version
     last_model_version: int | None = None
     truncated: bool = False  # stopped at max_completion_length
-    extra: dict[str, Any] = field(default_factory=dict)  # values reward functions logged with log_extra
+    extra: dict[str, Any] = field(default_factory=dict)  # log_extra's values and the tool calls, for the records
 
 
 class RolloutWorkerProtocol(Protocol):
@@ -75,6 +75,21 @@ class WeightTransferProtocol(Protocol):
     def resume(self) -> None: ...
 
     def destroy(self) -> None: ...
+
+
+WORKER_PROTOCOL = ("rollout_buffer", "metrics_queue", "start", "stop", "update_model_version", "check_health")
+TRANSFER_PROTOCOL = ("init_weight_transfer", "pause", "send_weights", "resume", "destroy")
+
+
+def check_plugged(worker, transfer) -> None:
+    """A plugged worker or transfer lacking part of TRL's protocol: one TypeError naming what, before anything loads."""
+    for what, plugged, names in (
+        ("rollout_worker", worker, WORKER_PROTOCOL),
+        ("weight_transfer", transfer, TRANSFER_PROTOCOL),
+    ):
+        missing = [name for name in names if plugged is not None and not hasattr(plugged, name)]
+        if missing:
+            raise TypeError(f"{what}: {type(plugged).__name__} lacks {', '.join(missing)} of TRL's protocol")
 
 
 def drain(source) -> list:
@@ -118,6 +133,8 @@ def split(sample: RolloutSample) -> tuple[list[int], list[int], list[int], list[
             f"rollout sample of group {sample.group_id}: input_ids, completion_mask and old_log_probs have "
             f"{len(ids)}, {len(mask)} and {len(logps)} entries; give one per token"
         )
+    if any(m not in (0, 1) for m in mask):
+        raise ValueError(f"rollout sample of group {sample.group_id}: completion_mask holds values other than 0 and 1")
     first = next((i for i, m in enumerate(mask) if m), len(ids))
     return ids[:first], ids[first:], [int(m) for m in mask[first:]], logps[first:]
 

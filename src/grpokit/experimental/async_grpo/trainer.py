@@ -39,7 +39,7 @@ from grpokit.trainer import GRPOTrainer
 
 from .accounting import SamplerDistance, StepClock, batch_metrics, padded_positions
 from .config import AsyncGRPOConfig
-from .samples import RolloutSample, drain, reduce_window, rollout_of, split
+from .samples import RolloutSample, check_plugged, drain, reduce_window, rollout_of, split
 from .transfer import LocalSampler, LocalWeightTransfer, ServerWeightTransfer
 from .worker import AsyncRolloutWorker, PromptOrder
 
@@ -90,6 +90,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
             if init is not None:
                 init.setdefault("dtype", args.dtype)
                 args.model_init_kwargs = init
+        check_plugged(rollout_worker, weight_transfer)
+        if (tools or environment_factory) and args.max_inflight_tasks != -1:
+            raise ValueError(
+                f"max_inflight_tasks={args.max_inflight_tasks}: the tool loop runs a generation batch's rollouts "
+                "together, so it cannot be split into requests; leave it at -1 with tools or environment_factory"
+            )
         self._plugged_worker, self._plugged_transfer = rollout_worker, weight_transfer
         if args.use_vllm and weight_transfer is None and int(os.environ.get("RANK", "0") or 0) == 0:
             from grpokit.generation.vllm_server import wait_for_server
@@ -214,6 +220,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         args = self.args
         settings = self._worker_settings()
         rows = self._start_agent_batch(rows, LOCAL)
+        extras: dict[str, list] = {}  # what reward functions log with log_extra, a value per row
         rollout = produce_rollout(
             rows,
             tokenizer=self.processing_class,
@@ -223,7 +230,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             eos_token_ids=self.eos_token_ids,
             reward_kwargs={
                 "trainer_state": self.state,
-                "log_extra": _discard,
+                "log_extra": lambda column, values: extras.setdefault(column, []).extend(values),
                 "log_metric": self._worker_metric,
                 **({"environments": self.environments} if self.environments is not None else {}),
             },
@@ -268,7 +275,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
                     },
                     truncated=truncated,
                     last_model_version=span_end,
-                    extra={"tool_calls": calls[i]} if calls[i] else {},
+                    extra={
+                        **{column: values[i] for column, values in extras.items() if len(values) == len(rows)},
+                        **({"tool_calls": calls[i]} if calls[i] else {}),
+                    },
                 )
             )
         return samples
@@ -374,10 +384,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
+        share = len(samples) // self._dist.num_processes
+        mine = [getattr(s, "extra", None) or {} for s in samples][self._dist.process_index * share :][:share]
         if self.agent is not None:  # the tool calls of this process's rows, for the completion records
-            share = len(samples) // self._dist.num_processes
-            mine = samples[self._dist.process_index * share : (self._dist.process_index + 1) * share]
-            self._completion_log.add_tool_calls([getattr(s, "extra", {}).get("tool_calls", []) for s in mine])
+            self._completion_log.add_tool_calls([extra.get("tool_calls", []) for extra in mine])
+        for column in sorted({c for extra in mine for c in extra} - {"tool_calls"}):  # log_extra's columns
+            self._completion_log.add_extra(column, [extra.get(column) for extra in mine])
         self._completion_log.add_rollout(rollout, names, self._dist)
         self._unscorable.check(rollout, "train")
         if self.accelerator.is_main_process and hasattr(self.rollout_worker, "consumed"):
@@ -555,10 +567,6 @@ def vision_prompts(prompts: list) -> bool:
 
 def _scored_by_the_worker(prompts, completions, **kwargs):
     raise RuntimeError("rewards come from the plugged rollout worker's samples")
-
-
-def _discard(*args, **kwargs) -> None:
-    """log_extra in the worker: the completion records of the asynchronous trainer carry no extra columns yet."""
 
 
 def _array(values: list, dtype: str):
