@@ -402,3 +402,100 @@ def test_a_trl_async_script_runs_with_the_import_changed(tmp_path, tiny_model_di
     assert trainer.state.global_step == 12  # 3 epochs (TRL's default) x 4 prompts, one group of 3 a step
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if "embed" not in n)
+
+
+def test_token_budget_drops_longer_samples(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """token_budget=6: the prompt (2 tokens) with a 5-token completion is over it and dropped (counted); the batch
+    fills with the 3-token ones."""
+    prompt = tiny_tokenizer("ab")["input_ids"]
+    assert len(prompt) == 2
+
+    def batch(version):
+        long = [
+            sample(prompt, [20, 21, 22, 23, 24], version=version, group=0, advantage=1.0, sampler_logps=[-3.0] * 5)
+        ]
+        short = [
+            sample(prompt, [25, 26, 27], version=version, group=1, advantage=(-1.0) ** i, sampler_logps=[-3.0] * 3)
+            for i in range(4)
+        ]
+        return long + short
+
+    calls = []
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=make_config(tmp_path, max_steps=2, token_budget=6),
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=StubTransfer(calls),
+    )
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "loss" in row]
+    assert [row["batch/dropped_oversize_total"] for row in logged] == [1.0, 1.0]
+    assert [row["batch/row_tokens_max"] for row in logged] == [5.0, 5.0]
+
+
+def test_dtype_loads_a_model_given_by_path(tmp_path, tiny_model_dir, dataset):
+    calls = []
+    args = make_config(tmp_path, dtype="bfloat16")
+    trainer = AsyncGRPOTrainer(
+        str(tiny_model_dir),
+        text_reward,
+        args=args,
+        train_dataset=dataset,
+        rollout_worker=StubWorker(lambda version: [], calls),
+        weight_transfer=StubTransfer(calls),
+    )
+    assert trainer.model.dtype == torch.bfloat16
+
+
+def test_a_plugged_worker_missing_part_of_the_protocol_is_one_line(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    class Half:
+        rollout_buffer = None
+
+        def start(self):
+            pass
+
+    with pytest.raises(TypeError) as caught:
+        AsyncGRPOTrainer(
+            tiny_model,
+            args=make_config(tmp_path),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            rollout_worker=Half(),
+            weight_transfer=StubTransfer([]),
+        )
+    assert str(caught.value) == (
+        "rollout_worker: Half lacks metrics_queue, stop, update_model_version, check_health of TRL's protocol"
+    )
+
+
+def test_a_sample_whose_mask_is_not_zeros_and_ones_is_one_line(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    from grpokit.experimental.async_grpo.samples import split
+
+    bad = sample([1, 2], [3, 4], version=0, group=7, advantage=1.0, sampler_logps=[-1.0, -1.0])
+    bad.completion_mask = [0, 0, 1, 2]
+    with pytest.raises(
+        ValueError, match="^rollout sample of group 7: completion_mask holds values other than 0 and 1$"
+    ):
+        split(bad)
+
+
+def test_max_inflight_tasks_with_tools_is_refused(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key
+        """
+        return key
+
+    with pytest.raises(ValueError, match="^max_inflight_tasks=8: the tool loop runs a generation batch's rollouts"):
+        AsyncGRPOTrainer(
+            tiny_model,
+            text_reward,
+            args=make_config(tmp_path, max_inflight_tasks=8),
+            train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+            tools=[lookup],
+        )
