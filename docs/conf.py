@@ -34,7 +34,7 @@ suppress_warnings = []
 # autodoc: members in source order, the class docstring plus __init__'s, type hints in the description.
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_class_signature = "separated"
+autodoc_class_signature = "mixed"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 

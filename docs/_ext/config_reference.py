@@ -138,3 +138,7 @@ def write(app) -> None:
 def setup(app):
     app.connect("builder-inited", write)
     return {"version": "1", "parallel_read_safe": True}
+
+
+if __name__ == "__main__":
+    (Path(__file__).resolve().parents[1] / TARGET).write_text(render())

@@ -237,7 +237,7 @@ def test_markers_are_parsed_and_enforced(tmp_path):
     ]
     folder = tmp_path / "run"
     folder.mkdir()
-    assert run_page(page, folder) == [f"{page}:23: needs a GPU"]
+    assert run_page(page, folder) == [f"{page}:24: needs a GPU"]
 
 
 def test_a_wrong_output_block_fails(tmp_path):

@@ -27,6 +27,7 @@ commands:
                         --accelerate_config NAME|FILE [--num_processes N]: check once, then start that many processes
   train --demo          the built-in demo (also what `grpokit` alone runs), in ./grpokit-demo/ unless --output_dir DIR
   train --demo tools    the agent demo: a tiny model learns to call a tool, in ./grpokit-demo-tools/
+  train --demo async    the demo with asynchronous GRPO (generation overlapped with training), in ./grpokit-demo-async/
   config validate       check a configuration: `ok`, or one line per problem (exit 2)
   config show           resolved values and their sources [--format table|yaml|json] [--all]
   config plan           batch geometry and a memory estimate, before anything loads
