@@ -370,9 +370,10 @@ def test_code_recipe_rewards_score_a_correct_completion_of_its_row(tmp_path):
     assert code_format(completions=[CORRECT_COMPLETION, "```python\nprint(1)\n```"]) == [1.0, 0.0]
 
 
-def test_the_readme_lists_every_field_grpokit_refuses_as_not_supported_yet():
-    """README's "Not supported yet" table names exactly the fields of `config/support.py`'s table."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_list_every_field_grpokit_refuses_as_not_supported_yet():
+    """The documentation's "Not supported yet" table (Moving from TRL) names exactly the fields of
+    `config/support.py`'s table."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "moving-from-trl.md").read_text()
     section = readme.split("\n## Not supported yet\n", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
     listed = {name for cell in rows for name in re.findall(r"`([a-z_0-9]+)`", cell)}

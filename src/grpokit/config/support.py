@@ -1,7 +1,7 @@
 """Fields that are accepted and shown but not implemented by the trainer yet.
 
 `grpokit train` and `GRPOTrainer` refuse any of them set to a non-default value, before anything loads: a knob that
-does nothing must fail loudly, never be a silent no-op. The README lists this table.
+does nothing must fail loudly, never be a silent no-op. The documentation lists this table (docs/moving-from-trl.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ as `RepeatSampler` under accelerate does.
 
 Training cycles over the stream (pass k shuffled with the seed and k, an incomplete last chunk dropped as
 `RepeatSampler` does) until `max_steps`: the Trainer sees one endless epoch, so on resume it skips exactly the
-batches already trained on and lands at the same row of the same pass (README, "Moving from TRL").
+batches already trained on and lands at the same row of the same pass (docs/moving-from-trl.md).
 """
 
 from __future__ import annotations
