@@ -409,8 +409,15 @@ def _train(args) -> int:
 
     if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo [tools]` is the demo too
         at = args.index("--demo")
-        kind = args[at + 1 : at + 2] if args[at + 1 : at + 2] == ["tools"] else []
+        kind = args[at + 1 : at + 2] if args[at + 1 : at + 2] in (["tools"], ["async"]) else []
         args = ["--demo", *kind, *args[:at], *args[at + 1 + len(kind) :]]
+    if not args or args[0] == "--demo":
+        # The demos' models are tiny: a second intra-op thread speeds up none of their operations (measured: the same
+        # step time on 2 idle cores), and on a loaded machine the threads of torch's OpenMP pool, which spin while
+        # they wait for each other, made a step of the agent demo 30 times slower (10 times the text demo's);
+        # one thread keeps both within 3 times (benchmarks/bench_agent.py). Set before torch loads; the user's
+        # OMP_NUM_THREADS wins.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args and args[0] != "--demo" and not _names_a_run(args) and _resolves(args):
         import shlex
 
