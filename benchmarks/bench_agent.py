@@ -44,7 +44,11 @@ def run(workload: str, steps: int, load: int, extra_env: dict[str, str]) -> dict
             with open(os.path.join(out, "run", "metrics.jsonl"), encoding="utf-8") as fh:
                 rows = [json.loads(line) for line in fh if line.strip()]
             with open(os.path.join(out, "run", "resolved_config.yaml"), encoding="utf-8") as fh:
-                per_step = next(int(line.split(":")[1].split("#")[0]) for line in fh if line.startswith("per_device_train_batch_size:"))
+                per_step = next(
+                    int(line.split(":")[1].split("#")[0])
+                    for line in fh
+                    if line.startswith("per_device_train_batch_size:")
+                )
     finally:
         for process in busy:
             process.kill()

@@ -24,7 +24,10 @@ def colour_image(rgb):
 
 def reward_names_colour(completions, answer, **kwargs):
     """1 when the completion names the image's colour."""
-    return [float(expected in completion[0]["content"].lower()) for completion, expected in zip(completions, answer, strict=True)]
+    return [
+        float(expected in completion[0]["content"].lower())
+        for completion, expected in zip(completions, answer, strict=True)
+    ]
 
 
 def reward_short(completions, **kwargs):
