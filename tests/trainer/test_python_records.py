@@ -83,3 +83,24 @@ def test_a_fresh_run_starts_its_records_afresh_and_a_resumed_one_keeps_them(tiny
     assert again[:2] == first[:2]
     GRPOTrainer(tiny_model_dir, text_reward, args=_args(tmp_path, max_steps=1), train_dataset=dataset).train()
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1]  # not resumed: afresh
+
+
+def test_a_failure_to_write_the_resolved_config_stops_training_at_the_first_log(
+    tiny_model_dir, dataset, tmp_path, monkeypatch
+):
+    """resolved_config.yaml is written beside the first steps (off train()'s path); a failure to write it is not lost:
+    the first log raises it in the training thread, before any metrics row, and no plot is drawn."""
+    import pytest
+
+    import grpokit.records.resolved as resolved
+
+    def refuse(*args, **kwargs):
+        raise OSError("disk quota exceeded")
+
+    monkeypatch.setattr(resolved, "write_resolved_config", refuse)
+    trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=text_reward, args=_args(tmp_path), train_dataset=dataset)
+    with pytest.raises(OSError, match="disk quota exceeded"):
+        trainer.train()
+    out = tmp_path / "out"
+    assert not (out / "reward_curve.png").exists()
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""

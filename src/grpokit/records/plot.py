@@ -108,5 +108,25 @@ def plot_run(run_dir: str) -> str:
     # tight_layout draws the whole figure once more to measure it (a third of the plot's time).
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.08, top=0.92, hspace=0.18)
     path = os.path.join(run_dir, "reward_curve.png")
-    fig.savefig(path, dpi=100)
+    # zlib's fastest level: a third of the encoder's time, for a file about a quarter larger (about 30 KB)
+    fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})
     return path
+
+
+def warm_up() -> None:
+    """Import what `plot_run` draws with and fill matplotlib's font and text caches, by drawing a small figure with
+    the same kinds of artists (lines, a band, a legend, titles, tick labels) into memory."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], label="a")
+    ax.fill_between([0, 1], [0, 0], [1, 1], alpha=0.2, label="b")
+    ax.legend(loc="lower right")
+    ax.set_title("t", fontsize=8)
+    ax.set_ylabel("y")
+    ax.grid(alpha=0.3)
+    fig.suptitle("s")
+    fig.savefig(io.BytesIO(), dpi=30, pil_kwargs={"compress_level": 1})

@@ -39,10 +39,13 @@ LOSS_NOTE = (
 LOSS_NOTE_KL = "; with beta > 0 the loss is mostly beta x KL, which grows as the policy leaves the reference"
 
 
-def _import_plotting() -> None:
+def _prepare_plotting() -> None:
+    """matplotlib imported and its font and text caches filled by drawing a small figure nobody sees: done while the
+    steps run, so that the plot drawn at the end pays for neither (0.3-0.4 s of import, tens of ms of font set-up)."""
     try:
-        import matplotlib.backends.backend_agg  # noqa: F401
-        import matplotlib.figure  # noqa: F401
+        from grpokit.records.plot import warm_up
+
+        warm_up()
     except Exception:  # noqa: BLE001 - the plot says so itself when it is drawn
         pass
 
@@ -98,10 +101,29 @@ class RunRecorder(TrainerCallback):
             path = os.path.join(out, name)
             if os.path.exists(path):
                 _keep_rows_until(path, state.global_step)
-        self._write_resolved_config(args, out)
-        # matplotlib's import (0.3-0.4 s) is done while the steps run, not after the last one, where it held up the
-        # end of train(); the plot itself is drawn in on_train_end.
-        threading.Thread(target=_import_plotting, daemon=True, name="grpokit-plot-import").start()
+        # resolved_config.yaml and matplotlib's import are done beside the first steps, not before or after them,
+        # where they held up train(); the first log and the end of training wait for it (a failure to write the file
+        # is raised there), and the plot itself is drawn in on_train_end.
+        self._background_error = None
+        self._background = threading.Thread(
+            target=self._prepare, args=(args, out), daemon=True, name="grpokit-records-start"
+        )
+        self._background.start()
+
+    def _prepare(self, args, out: str) -> None:
+        try:
+            self._write_resolved_config(args, out)
+        except BaseException as exc:  # noqa: BLE001 - raised in the training thread by _wait_for_start
+            self._background_error = exc
+        _prepare_plotting()
+
+    def _wait_for_start(self) -> None:
+        """Waits for what on_train_begin started beside the steps; raises its failure to write resolved_config.yaml."""
+        background, self._background = getattr(self, "_background", None), None
+        if background is not None:
+            background.join()
+            if self._background_error is not None:
+                raise self._background_error
 
     def _write_resolved_config(self, args, out: str) -> None:
         from grpokit.records.resolved import python_resolution, write_resolved_config
@@ -117,6 +139,7 @@ class RunRecorder(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not self.write or not state.is_world_process_zero:
             return
+        self._wait_for_start()
         from grpokit.records.plot import has_reward_rows, plot_run
 
         out = self._dir(args)
@@ -126,6 +149,8 @@ class RunRecorder(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
+        if self.write:
+            self._wait_for_start()
         evaluation = is_eval_log(logs)
         if "reward" not in logs and "loss" not in logs and not evaluation:
             if "train_runtime" in logs and self.show_progress:
