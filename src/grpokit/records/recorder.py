@@ -72,6 +72,8 @@ class RunRecorder(TrainerCallback):
         self._loss_explained = False  # the note under the first progress line with a loss
         self._logs_seen = 0  # training logs so far: an agent run prints a trajectory every EXCERPT_EVERY of them
         self._rewards_explained = False
+        self._background = None  # the thread on_train_begin starts (resolved_config.yaml, matplotlib), until joined
+        self._background_error = None  # what that thread failed with, raised by _wait_for_start
 
     def _print_excerpt(self, step: int) -> None:
         """One trajectory of the latest batch (the first with a tool call, if any), a message a line, and, the first
@@ -104,7 +106,6 @@ class RunRecorder(TrainerCallback):
         # resolved_config.yaml and matplotlib's import are done beside the first steps, not before or after them,
         # where they held up train(); the first log and the end of training wait for it (a failure to write the file
         # is raised there), and the plot itself is drawn in on_train_end.
-        self._background_error = None
         self._background = threading.Thread(
             target=self._prepare, args=(args, out), daemon=True, name="grpokit-records-start"
         )
@@ -119,11 +120,12 @@ class RunRecorder(TrainerCallback):
 
     def _wait_for_start(self) -> None:
         """Waits for what on_train_begin started beside the steps; raises its failure to write resolved_config.yaml."""
-        background, self._background = getattr(self, "_background", None), None
+        background, self._background = self._background, None
         if background is not None:
             background.join()
-            if self._background_error is not None:
-                raise self._background_error
+            error, self._background_error = self._background_error, None
+            if error is not None:
+                raise error
 
     def _write_resolved_config(self, args, out: str) -> None:
         from grpokit.records.resolved import python_resolution, write_resolved_config
