@@ -29,6 +29,21 @@ def dataset():
     return Dataset.from_dict({"prompt": PROMPTS})
 
 
+def stub_trainer(model, tokenizer, dataset, args, batch, calls=None, **kwargs):
+    """An AsyncGRPOTrainer fed through TRL's plug-in points by stubs: `batch(version)` gives the samples of each batch;
+    `calls` (a list) records the worker's and the transfer's calls in order."""
+    calls = [] if calls is None else calls
+    return AsyncGRPOTrainer(
+        model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=StubTransfer(calls),
+        **kwargs,
+    )
+
+
 def test_defaults_are_trls(tmp_path):
     """TRL 1.16's AsyncGRPOConfig defaults (read from its wheel), field by field."""
     config = AsyncGRPOConfig(str(tmp_path), report_to="none")
@@ -113,14 +128,7 @@ def test_trls_stub_worker_and_transfer_are_called_in_trls_order(tmp_path, tiny_m
         ]
 
     args = make_config(tmp_path, max_steps=3)
-    trainer = AsyncGRPOTrainer(
-        tiny_model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tiny_tokenizer,
-        rollout_worker=StubWorker(batch, calls),
-        weight_transfer=StubTransfer(calls),
-    )
+    trainer = stub_trainer(tiny_model, tiny_tokenizer, dataset, args, batch, calls=calls)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     params = len(list(trainer.model.parameters()))
@@ -157,15 +165,7 @@ def test_samples_staler_than_max_staleness_are_dropped_and_counted(tmp_path, tin
         return stale + old
 
     args = make_config(tmp_path, max_steps=2, max_staleness=1)
-    calls = []
-    trainer = AsyncGRPOTrainer(
-        tiny_model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tiny_tokenizer,
-        rollout_worker=StubWorker(batch, calls),
-        weight_transfer=StubTransfer(calls),
-    )
+    trainer = stub_trainer(tiny_model, tiny_tokenizer, dataset, args, batch)
     trainer.train()
     logged = [row for row in trainer.state.log_history if "loss" in row]
     assert [row["sample/dropped_stale_total"] for row in logged] == [4.0, 4.0]
@@ -208,16 +208,7 @@ def test_stale_tokens_are_weighted_by_the_ratio_to_the_sampler(
         vllm_importance_sampling_mode="token_truncate",
         vllm_importance_sampling_clip_max=1.5,
     )
-    calls = []
-    trainer = AsyncGRPOTrainer(
-        tiny_model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tiny_tokenizer,
-        callbacks=[Snapshot()],
-        rollout_worker=StubWorker(batch, calls),
-        weight_transfer=StubTransfer(calls),
-    )
+    trainer = stub_trainer(tiny_model, tiny_tokenizer, dataset, args, batch, callbacks=[Snapshot()])
     trainer.train()
     logged = [row for row in trainer.state.log_history if "loss" in row]
     assert logged[-1]["sample/staleness_max"] == 2.0
@@ -420,14 +411,8 @@ def test_token_budget_drops_longer_samples(tmp_path, tiny_model, tiny_tokenizer,
         ]
         return long + short
 
-    calls = []
-    trainer = AsyncGRPOTrainer(
-        tiny_model,
-        args=make_config(tmp_path, max_steps=2, token_budget=6),
-        train_dataset=dataset,
-        processing_class=tiny_tokenizer,
-        rollout_worker=StubWorker(batch, calls),
-        weight_transfer=StubTransfer(calls),
+    trainer = stub_trainer(
+        tiny_model, tiny_tokenizer, dataset, make_config(tmp_path, max_steps=2, token_budget=6), batch
     )
     trainer.train()
     logged = [row for row in trainer.state.log_history if "loss" in row]
