@@ -19,11 +19,12 @@ def attack(
     memory_mb: int | None = 256,
     seccomp: bool = True,
     cgroup: bool = True,
+    without: frozenset[str] | set[str] = frozenset(),
     **kwargs,
 ):
     """Run `source` in the sandbox: "full" as the code rewards do; "kernel" with the audit hook off (a program that
     got past it, `ctypes` included), and then `seccomp=False` or `cgroup=False` leave the seccomp filter or the
-    memory cgroup out too, to show what the other defences hold alone."""
+    memory cgroup out too, and `without` the other defences (`sandbox.DEFENCES`), to show what the rest hold alone."""
     source = textwrap.dedent(source)
     if layer == "full":
         return run_program(source, timeout=timeout, memory_mb=memory_mb, **kwargs)
@@ -39,6 +40,7 @@ def attack(
         audit_hook=False,
         seccomp=seccomp,
         cgroup=cgroup,
+        without=without,
     )
 
 

@@ -12,11 +12,15 @@ collections, heapq, re, json, threading, asyncio, concurrent.futures, sqlite3, t
 default profile also allows. Four calls are allowed only with some arguments:
 
 - `clone` only for a thread (CLONE_THREAD) that asks for no namespace; `fork`, `vfork` and a process-making `clone`
-  fail with EPERM. This keeps a fork bomb off the machine's process table (RLIMIT_NPROC is not enforced for root);
+  fail with EPERM (threads are counted by the run's pids cgroup and RLIMIT_NPROC, see `sandbox.py`);
 - `clone3` fails with ENOSYS, as if the kernel were older: its flags live in memory a BPF filter cannot read, and
   glibc then falls back to `clone` for threads;
-- `socket` only for AF_UNIX, AF_INET and AF_INET6 (the network namespace has nothing to reach); netlink, packet,
-  AF_ALG, vsock and the rest fail with EAFNOSUPPORT;
+- `socket` only for AF_UNIX: a program has no network to reach (its namespace has only a loopback of its own),
+  and internet sockets' buffers are what a memory cgroup v1 does not count (TCP's only with a limit of its own, UDP
+  never); AF_INET, AF_INET6, netlink, packet, AF_ALG, vsock and the rest fail with EAFNOSUPPORT;
+- `setsockopt` but not SO_SNDBUF, SO_RCVBUF or their FORCE forms: a socket's buffers stay at the machine's default
+  (`net.core.wmem_default`, `rmem_default`; the maximum a program could ask for, `wmem_max`, is 4 MiB on some
+  machines), so 64 open sockets hold a bounded amount even where no memory cgroup counts them;
 - `fcntl` but not F_SETPIPE_SZ: a pipe stays at 64 KiB, so 64 open files hold at most 4 MiB of pipe buffers.
 
 `ptrace`, `process_vm_readv`/`writev`, `unshare` and `setns` fail with EPERM, the error a program that tries them
@@ -26,6 +30,10 @@ the trainer holds would be readable), `io_uring_*`, `bpf`, `perf_event_open`, `u
 `kexec_*`, `memfd_create`, System V shared memory, message queues and semaphores, POSIX message queues, `flock`,
 `sync`. A call of another ABI (x32, or i386 through `int 0x80` on x86_64) kills the process, since its numbers
 differ and would slip past the checks above.
+
+Two calls pass any seccomp filter: since Linux 6.11 `uretprobe` and since 6.16 `uprobe` (x86_64) are exempt, so
+that user-space probes keep working under filters. Both only act on a probe the machine's root installed
+(a process without one that makes them is killed with SIGILL), so they give a program nothing.
 
 Only x86_64 and aarch64 are known; elsewhere `program()` returns None and the sandbox runs without the filter (the
 namespaces, the memory cgroup and the wall-clock kill still hold; new processes die with the PID namespace).
@@ -50,14 +58,17 @@ _ERRNO = 0x00050000
 
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6] (little endian: the low half of
 # args[i] is at 16 + 8 i)
-_NR, _ARCH, _ARG0_LOW, _ARG1_LOW = 0, 4, 16, 24
+_NR, _ARCH, _ARG0_LOW, _ARG1_LOW, _ARG2_LOW = 0, 4, 16, 24, 32
 
 _CLONE_THREAD = 0x00010000
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _X32_BIT = 0x40000000
 _F_SETPIPE_SZ = 1031
-_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+_SOCKET_FAMILIES = (socket.AF_UNIX,)
+# SOL_SOCKET and SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (asm-generic/socket.h: x86_64 and aarch64)
+_SOL_SOCKET = 1
+_BUFFER_OPTIONS = (7, 8, 32, 33)
 
 # machine -> (AUDIT_ARCH_*, index into _NUMBERS' pairs, has an x32 ABI to shut out)
 _ARCHES = {"x86_64": (0xC000003E, 0, True), "aarch64": (0xC00000B7, 1, False)}
@@ -336,7 +347,15 @@ def program(machine: str | None = None) -> bytes | None:
         _op(_JEQ, _F_SETPIPE_SZ, jf=1),
         _op(_RET, _ERRNO | errno.EPERM),
         _op(_RET, _ALLOW),
-        # socket: local and internet families only
+        # setsockopt: not a socket buffer's size
+        _op(_JEQ, nr("setsockopt"), jf=5 + len(_BUFFER_OPTIONS)),
+        _op(_LD_W_ABS, _ARG1_LOW),
+        _op(_JEQ, _SOL_SOCKET, jf=1 + len(_BUFFER_OPTIONS)),
+        _op(_LD_W_ABS, _ARG2_LOW),
+        *(_op(_JEQ, option, jt=len(_BUFFER_OPTIONS) - i) for i, option in enumerate(_BUFFER_OPTIONS)),
+        _op(_RET, _ALLOW),
+        _op(_RET, _ERRNO | errno.EPERM),
+        # socket: the local family only
         _op(_JEQ, nr("socket"), jf=2 + len(_SOCKET_FAMILIES) + 1),
         _op(_LD_W_ABS, _ARG0_LOW),
         *(_op(_JEQ, family, jt=len(_SOCKET_FAMILIES) - i) for i, family in enumerate(_SOCKET_FAMILIES)),

@@ -79,6 +79,7 @@ import itertools
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -114,18 +115,21 @@ _SOURCE_NAME = "solution.py"
 _PROBE_SECONDS = 10.0  # the one-time check that bwrap works here (it takes about 50 ms)
 
 # The child's bootstrap (run with `python -I -S -B -X utf8 -c`): set the limits, install the audit hook, then run
-# solution.py as __main__. argv: cpu_seconds memory_bytes file_bytes audit_hook(1/0).
+# solution.py as __main__. argv: cpu_seconds memory_bytes file_bytes audit_hook(1/0) max_tasks (0: none).
 _BOOTSTRAP = r"""
 import os, sys
 
 def _limit():
     import resource
     cpu, memory, fsize = (int(a) for a in sys.argv[1:4])
+    tasks = int(sys.argv[5])
     # soft = hard: SIGKILL when the CPU time is used up (as PID 1 of its namespace, SIGXCPU would be ignored)
     wanted = [(resource.RLIMIT_CPU, cpu, cpu), (resource.RLIMIT_FSIZE, fsize, fsize),
               (resource.RLIMIT_NOFILE, 64, 64), (resource.RLIMIT_CORE, 0, 0)]
     if memory > 0:
         wanted.append((resource.RLIMIT_AS, memory, memory))
+    if tasks > 0:  # counted in the run's own user namespace; not enforced for the machine's root
+        wanted.append((resource.RLIMIT_NPROC, tasks, tasks))
     for which, soft, hard in wanted:
         _, old_hard = resource.getrlimit(which)
         if old_hard != resource.RLIM_INFINITY:
@@ -268,17 +272,31 @@ _WARNED_UNSAFE = threading.Event()
 
 _WORKDIR = "/sandbox"  # the program's working directory inside the sandbox: a tmpfs of `disk_mb`
 _WARNED_NO_CGROUP = threading.Event()
+_WARNED_NO_STAGE = threading.Event()
+
+SANDBOX_UID = SANDBOX_GID = 65534  # "nobody": who a program is on the machine when the trainer is root
+MAX_THREADS = 64  # a run's tasks at once, its main thread included (pids cgroup, and RLIMIT_NPROC)
+BYTES_PER_NAME = 16 << 10  # `disk_mb` allows one name (file, directory, link) per 16 KiB
+_MIN_NAMES = 64
+_LAUNCH_TASKS = 2  # besides the program's: bwrap's own process, and the launcher's `mount` while it runs
+_STAGE_POINTS = ("/tmp", "/var/tmp", "/mnt", "/srv", "/opt")
+# What the defences below are called when a test switches one off (`_run(without=...)`).
+DEFENCES = frozenset({"uid", "proc", "inodes", "pids", "nproc"})
+
+
+def _hierarchy(controller: str) -> tuple[_cgroup.Hierarchy | None, str]:
+    """Where this process's run cgroups of `controller` go, or (None, why none can be made here); looked up once."""
+    return _cgroup.find(f"{_leftovers.PREFIX}probe-{os.getpid()}", controller=controller)
 
 
 def _memory_hierarchy() -> tuple[_cgroup.Hierarchy | None, str]:
-    """Where this process's run cgroups go, or (None, why none can be made here); looked up once per process."""
-    return _cgroup.find(f"{_leftovers.PREFIX}probe-{os.getpid()}")
+    return _hierarchy("memory")
 
 
 def _token() -> str:
     """This trainer process's token (see `_leftovers`); the first call removes what dead trainers left."""
-    hierarchy, _ = _memory_hierarchy()
-    return _leftovers.token(tempfile.gettempdir(), [hierarchy.parent] if hierarchy else [])
+    parents = [h.parent for h in (_hierarchy("memory")[0], _hierarchy("pids")[0]) if h is not None]
+    return _leftovers.token(tempfile.gettempdir(), sorted(set(parents)))
 
 
 def _new_workdir() -> str:
@@ -290,12 +308,14 @@ def _new_workdir() -> str:
 _RUN_NUMBERS = itertools.count()
 
 
-def _memory_cgroup(memory: int) -> tuple[_cgroup.Hierarchy | None, str | None]:
-    """A fresh memory cgroup holding at most `memory` bytes for one run, or (None, None) where none can be made
-    here (said once per process)."""
-    hierarchy, reason = _memory_hierarchy()
-    if hierarchy is None:
-        if not _WARNED_NO_CGROUP.is_set():
+def _run_cgroups(memory: int, tasks: int) -> tuple[_cgroup.Hierarchy | None, list[str]]:
+    """Fresh cgroups for one run: memory (at most `memory` bytes; 0: none) and pids (at most `tasks`; 0: none).
+    Returns the memory hierarchy (None: no memory cgroup) and the cgroups made, the memory one first. Where a
+    memory cgroup cannot be made here, that is said once per process."""
+    memory_hierarchy = pids_hierarchy = None
+    if memory:
+        memory_hierarchy, reason = _hierarchy("memory")
+        if memory_hierarchy is None and not _WARNED_NO_CGROUP.is_set():
             _WARNED_NO_CGROUP.set()
             logger.warning(
                 "sandbox: no memory cgroup can be made here (%s): `memory_mb` bounds a program's address space "
@@ -303,9 +323,23 @@ def _memory_cgroup(memory: int) -> tuple[_cgroup.Hierarchy | None, str | None]:
                 "socket buffers) comes on top",
                 reason,
             )
-        return None, None
-    name = f"{_leftovers.PREFIX}{_token()}-{next(_RUN_NUMBERS)}"
-    return hierarchy, hierarchy.create(name, memory)
+    if tasks:
+        pids_hierarchy, _ = _hierarchy("pids")  # without it, RLIMIT_NPROC still caps the threads
+    name = f"{_leftovers.PREFIX}{_token()}-{next(_RUN_NUMBERS)}" if memory_hierarchy or pids_hierarchy else ""
+    groups: list[str] = []
+    try:
+        if memory_hierarchy is not None:
+            groups.append(memory_hierarchy.create(name, memory))
+        if pids_hierarchy is not None:
+            if memory_hierarchy is not None and pids_hierarchy.parent == memory_hierarchy.parent:  # v2: one cgroup
+                pids_hierarchy.set_limit(groups[0], tasks)
+            else:
+                groups.append(pids_hierarchy.create(name, tasks))
+    except BaseException:
+        for group in groups:
+            _cgroup.remove(group)
+        raise
+    return memory_hierarchy, groups
 
 
 def _interpreter() -> str:
@@ -323,20 +357,114 @@ def _read_only_paths() -> list[str]:
     return paths
 
 
-def _bwrap_argv(bwrap: str, *, disk: int, source_fd: int, seccomp_fd: int | None) -> list[str]:
+def _staged_paths() -> list[str]:
+    """The read-only paths that are not the system's: the Python install, which may sit where the sandbox's
+    unprivileged identity cannot look (pyenv's under root's 0700 home); the launcher binds them for bwrap."""
+    return [p for p in _read_only_paths() if p not in _SYSTEM_PATHS and not os.path.islink(p)]
+
+
+def _stage_point() -> str | None:
+    """A host directory the launcher may cover with its staging tmpfs (in its own mount namespace only): one that
+    holds none of the read-only paths."""
+    for point in _STAGE_POINTS:
+        if os.path.isdir(point) and not os.path.islink(point):
+            if not any(p == point or p.startswith(point + "/") for p in _read_only_paths()):
+                return point
+    return None
+
+
+def _names(disk: int) -> int:
+    """How many names (inodes: files, directories, links, symlinks) a working directory of `disk` bytes holds."""
+    return max(_MIN_NAMES, disk // BYTES_PER_NAME)
+
+
+def _stage_script(stage: str, *, disk: int, owner: int, inodes: bool) -> str:
+    """The launcher's shell script, run as root of a mount namespace of its own: a staging tmpfs holding the
+    working directory (a tmpfs of `disk` bytes and `_names(disk)` names, owned by `owner`) and binds of the staged
+    paths (`p0`, `p1`, ...); then it execs its arguments (bwrap, or setpriv then bwrap)."""
+    q = shlex.quote
+    work = f"{stage}/work"
+    options = f"size={disk},mode=0700,uid={owner},gid={owner}" + (f",nr_inodes={_names(disk)}" if inodes else "")
+    lines = ["set -e", f"mount -t tmpfs -o size=65536,mode=0755 grpokit-stage {q(stage)}"]
+    staged = _staged_paths()
+    lines.append("mkdir " + " ".join(q(d) for d in [work, *(f"{stage}/p{i}" for i in range(len(staged)))]))
+    lines.append(f"mount -t tmpfs -o {options} grpokit-sandbox {q(work)}")
+    lines += [f"mount --bind {q(path)} {q(f'{stage}/p{i}')}" for i, path in enumerate(staged)]
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def _bwrap_argv(
+    bwrap: str, *, disk: int, source_fd: int, seccomp_fd: int | None, stage: str | None = None, proc: bool = True
+) -> list[str]:
     """bwrap's options for one run (the command follows): its working directory is a fresh tmpfs of `disk` bytes
-    holding the program read from `source_fd`; `seccomp_fd` holds the filter, or None."""
+    holding the program read from `source_fd`; `seccomp_fd` holds the filter, or None. With `stage`, the working
+    directory and the staged paths come from the launcher's staging tmpfs (`_stage_script`); without it, bwrap makes
+    the tmpfs itself (no cap on names). `proc`: `/proc/sys` read-only and the keyrings' listings empty."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent"]
     argv += ["--new-session", "--hostname", "sandbox", "--clearenv"]
     for name, value in _environment(_WORKDIR).items():
         argv += ["--setenv", name, value]
+    staged = _staged_paths() if stage else []
     for path in _read_only_paths():
-        argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", str(disk), "--tmpfs", _WORKDIR]
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif path in staged:
+            argv += ["--ro-bind", f"{stage}/p{staged.index(path)}", path]
+        else:
+            argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc"]
+    if proc:  # sysctls stay the machine's; /proc/keys would list the keys of the trainer's session keyring
+        argv += ["--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind", "/dev/null", "/proc/keys"]
+        argv += ["--ro-bind", "/dev/null", "/proc/key-users"]
+    argv += ["--dev", "/dev", "--remount-ro", "/dev"]
+    argv += ["--bind", f"{stage}/work", _WORKDIR] if stage else ["--size", str(disk), "--tmpfs", _WORKDIR]
     argv += ["--file", str(source_fd), f"{_WORKDIR}/{_SOURCE_NAME}", "--chdir", _WORKDIR]
     argv += ["--remount-ro", "/"]  # last: the mounts above need their mount points made
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
+    return argv
+
+
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def _launcher(
+    bwrap: str,
+    *,
+    disk: int,
+    source_fd: int,
+    seccomp_fd: int | None,
+    groups: list[str] = (),  # type: ignore[assignment]
+    mode: str,
+    without: frozenset[str] = frozenset(),
+) -> list[str]:
+    """The command line that starts bwrap for one run (the program's command follows it).
+
+    - joins the run's cgroups first (a shell that writes its pid, then execs the rest), so nothing is outside them;
+    - "root" mode (the trainer is root): a mount namespace of its own (`unshare --mount`) where the staging script
+      makes the working directory and binds the Python install, then `setpriv` becomes `SANDBOX_UID` with no
+      groups, no capabilities and no_new_privs, and execs bwrap, which makes its user namespace as that user;
+    - "user" mode (an ordinary user): the same, in a user namespace of its own (`unshare --user --map-root-user`),
+      where the trainer's user is root; no `setpriv`: the program is the trainer's user on the machine;
+    - "plain" mode (an ordinary user who cannot make a user namespace with `unshare`): bwrap alone.
+    """
+    staged = mode in ("root", "user") and "inodes" not in without or mode == "root" and "uid" not in without
+    stage = _stage_point() if staged else None
+    argv = _bwrap_argv(bwrap, disk=disk, source_fd=source_fd, seccomp_fd=seccomp_fd, stage=stage,
+                       proc="proc" not in without)
+    if mode == "root" and "uid" not in without:
+        drop = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--inh-caps=-all"]
+        argv = ["setpriv", *drop, "--bounding-set=-all", "--no-new-privs", "--", *argv]
+    if stage is not None:
+        owner = SANDBOX_UID if mode == "root" and "uid" not in without else 0
+        script = _stage_script(stage, disk=disk, owner=owner, inodes="inodes" not in without)
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if mode == "user":
+            unshare[1:1] = ["--user", "--map-root-user"]
+        argv = [*unshare, "/bin/sh", "-c", script, "sh", *argv]
+    if groups:
+        argv = ["/bin/sh", "-c", _JOIN, "sh", *(os.path.join(g, "cgroup.procs") for g in groups), "--", *argv]
     return argv
 
 
@@ -354,16 +482,18 @@ def _seccomp_fd() -> int | None:
     return None if program is None else _memfd("grpokit-sandbox-seccomp", program)
 
 
-def _probe(bwrap: str) -> str | None:
-    """None if bwrap runs a program behind the full boundary here, else bwrap's own complaint."""
+def _probe(bwrap: str, mode: str) -> str | None:
+    """None if bwrap runs a program behind the full boundary here, launched in `mode`, else the complaint."""
     fds = [_memfd("grpokit-sandbox-probe", b"print('ok')\n")]
     seccomp = _seccomp_fd()
     if seccomp is not None:
         fds.append(seccomp)
     try:
-        argv = [*_bwrap_argv(bwrap, disk=1 << 20, source_fd=fds[0], seccomp_fd=seccomp), _interpreter(), "-I", "-S"]
+        if mode != "plain" and _stage_point() is None:
+            return f"no directory to stage the sandbox in (one of {', '.join(_STAGE_POINTS)} not holding Python)"
+        argv = [*_launcher(bwrap, disk=1 << 20, source_fd=fds[0], seccomp_fd=seccomp, mode=mode), _interpreter()]
         probe = subprocess.run(
-            [*argv, _SOURCE_NAME],
+            [*argv, "-I", "-S", _SOURCE_NAME],
             capture_output=True,
             timeout=_PROBE_SECONDS,
             env=_environment(_WORKDIR),
@@ -382,22 +512,42 @@ def _probe(bwrap: str) -> str | None:
 
 
 def _boundary() -> dict[str, str | None]:
-    """Where bwrap is and why it cannot be used here (None: it can), checked once per process."""
+    """Where bwrap is, how runs are launched ("root", "user" or "plain") and why programs cannot run here (None:
+    they can), checked once per process."""
     with _BOUNDARY_LOCK:
         if not _BOUNDARY:
             bwrap = shutil.which("bwrap") if sys.platform.startswith("linux") else None
-            _BOUNDARY.update(bwrap=bwrap, problem=None)
+            mode = "root" if os.geteuid() == 0 else "user"
+            _BOUNDARY.update(bwrap=bwrap, mode=mode, problem=None, unstaged=None)
+            missing = [tool for tool in ("unshare", "mount", "setpriv")[: 3 if mode == "root" else 2]
+                       if shutil.which(tool) is None]
             if bwrap is None:
                 _BOUNDARY["problem"] = (
                     "running model programs needs bubblewrap (`bwrap`), which is not installed (or not on PATH): "
                     f"{INSTALL_HINT}"
                 )
-            elif (said := _probe(bwrap)) is not None:
+            elif mode == "root" and missing:
                 _BOUNDARY["problem"] = (
-                    f"bubblewrap ({bwrap}) cannot set up the sandbox here: {said} (it needs unprivileged user "
-                    "namespaces: sysctl kernel.unprivileged_userns_clone=1 or "
-                    "kernel.apparmor_restrict_unprivileged_userns=0, or a container that allows them)"
+                    f"running model programs as root needs util-linux's {', '.join(missing)}, not found on PATH "
+                    "(apt-get install util-linux mount)"
                 )
+            elif mode == "root" and (said := _probe(bwrap, mode)) is not None:
+                _BOUNDARY["problem"] = (
+                    f"bubblewrap ({bwrap}) cannot set up the sandbox here for a trainer running as root: {said} "
+                    f"(the trainer needs "
+                    f"CAP_SYS_ADMIN and CAP_SETUID to stage it and become uid {SANDBOX_UID}, and bwrap must make "
+                    f"a user namespace as that uid; in a container without them, run the trainer as an ordinary "
+                    f"user)"
+                )
+            elif mode == "user" and (missing or (said := _probe(bwrap, mode)) is not None):
+                why = f"{', '.join(missing)} not found" if missing else said
+                _BOUNDARY.update(mode="plain", unstaged=why)
+                if (said := _probe(bwrap, "plain")) is not None:
+                    _BOUNDARY["problem"] = (
+                        f"bubblewrap ({bwrap}) cannot set up the sandbox here: {said} (it needs unprivileged user "
+                        "namespaces: sysctl kernel.unprivileged_userns_clone=1 or "
+                        "kernel.apparmor_restrict_unprivileged_userns=0, or a container that allows them)"
+                    )
         return dict(_BOUNDARY)
 
 
@@ -420,9 +570,18 @@ def check_boundary(owner: str = "sandbox") -> None:
                 UNSAFE_ENV,
             )
         return
-    problem = _boundary()["problem"]
-    if problem is not None:
-        raise SandboxUnavailable(f"{owner}: {problem}; or set {UNSAFE_ENV}=1 to run them unsandboxed, at your risk")
+    boundary = _boundary()
+    if boundary["problem"] is not None:
+        raise SandboxUnavailable(
+            f"{owner}: {boundary['problem']}; or set {UNSAFE_ENV}=1 to run them unsandboxed, at your risk"
+        )
+    if boundary["unstaged"] is not None and not _WARNED_NO_STAGE.is_set():
+        _WARNED_NO_STAGE.set()
+        logger.warning(
+            "sandbox: the working directory cannot be staged here (%s): `disk_mb` bounds its data but not how many "
+            "names it holds (the memory cgroup, where there is one, still counts them)",
+            boundary["unstaged"],
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- one process
@@ -500,12 +659,19 @@ def _run(
     audit_hook: bool = True,
     seccomp: bool = True,
     cgroup: bool = True,
+    without: frozenset[str] | set[str] = frozenset(),
 ) -> RunResult:
     """`run_program` on checked arguments. Tests switch layers off (`audit_hook=False`, `seccomp=False`,
-    `cgroup=False`) to show that the others hold on their own."""
+    `cgroup=False`: the memory cgroup) and the other defences (`without`, names from `DEFENCES`: "uid" the uid drop
+    of a root trainer, "proc" the read-only `/proc/sys` and hidden keyrings, "inodes" the cap on names, "pids" the
+    pids cgroup, "nproc" RLIMIT_NPROC) to show that the others hold on their own."""
+    without = frozenset(without)
+    assert without <= DEFENCES, without - DEFENCES
     check_boundary()
     python = [_interpreter(), "-I", "-S", "-B", "-X", "utf8"]  # -B: no .pyc writes
-    command = [*python, "-c", _BOOTSTRAP, str(cpu), str(memory), str(max_file_bytes), "1" if audit_hook else "0"]
+    tasks = 0 if unsafe_mode() or "nproc" in without else MAX_THREADS
+    limits = [str(cpu), str(memory), str(max_file_bytes), "1" if audit_hook else "0", str(tasks)]
+    command = [*python, "-c", _BOOTSTRAP, *limits]
     if unsafe_mode():
         workdir = _new_workdir()
         try:
@@ -525,16 +691,25 @@ def _run(
         return RunResult(_status(reason, code, cpu_used, cpu), code, _decode(out), _decode(err), seconds, truncated)
 
     fds = [_memfd("grpokit-sandbox-source", source.encode("utf-8"))]
-    hierarchy = group = None
+    hierarchy, groups = None, []
+    boundary = _boundary()
     try:
         seccomp_fd = _seccomp_fd() if seccomp else None
         if seccomp_fd is not None:
             fds.append(seccomp_fd)
-        prefix = _bwrap_argv(_boundary()["bwrap"], disk=disk, source_fd=fds[0], seccomp_fd=seccomp_fd)
-        if cgroup and memory:
-            hierarchy, group = _memory_cgroup(memory)
-        if group is not None:  # the launcher joins the cgroup, then becomes bwrap: nothing of the run is outside
-            prefix = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(group, "cgroup.procs"), *prefix]
+        pids = 0 if "pids" in without else MAX_THREADS + _LAUNCH_TASKS
+        hierarchy, groups = _run_cgroups(memory if cgroup else 0, pids)
+        if hierarchy is not None and not groups[0].startswith(hierarchy.parent):
+            hierarchy = None
+        prefix = _launcher(
+            boundary["bwrap"],
+            disk=disk,
+            source_fd=fds[0],
+            seccomp_fd=seccomp_fd,
+            groups=groups,
+            mode=boundary["mode"],
+            without=without,
+        )
         reason, code, out, err, seconds, truncated, cpu_used = _execute(
             [*prefix, *command],
             stdin.encode("utf-8"),
@@ -544,11 +719,11 @@ def _run(
             max_output_bytes=max_output_bytes,
             pass_fds=tuple(fds),
         )
-        oom_killed = hierarchy is not None and group is not None and hierarchy.oom_kills(group) > 0
+        oom_killed = hierarchy is not None and hierarchy.oom_kills(groups[0]) > 0
     finally:
         for fd in fds:
             os.close(fd)
-        if group is not None:
+        for group in groups:
             _cgroup.remove(group)  # one still busy is left for the sweep
     if 128 < code < 128 + signal.NSIG:
         code = 128 - code  # bwrap reports a program ended by signal N as exit code 128 + N
