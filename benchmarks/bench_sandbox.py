@@ -5,7 +5,8 @@
 
 Configurations (where the code has them): "full" (what the code rewards run: namespaces, seccomp allowlist, the
 memory cgroup, a tmpfs working directory, the audit hook), "no cgroup" (the same without the memory cgroup, as on a
-machine where none can be made), "no seccomp". The same script runs against an older checkout (PYTHONPATH) to
+machine where none can be made), "no seccomp", and where the code has them "unstaged" (bwrap started by the
+trainer itself, as before issue 42: no uid drop, no staged working directory) and "no pids". The same script runs against an older checkout (PYTHONPATH) to
 compare: there only "full" exists. Prints numbers; not a test.
 """
 
@@ -38,6 +39,11 @@ def _configurations() -> dict:
         configurations["no seccomp"] = lambda: sandbox._run(
             PROGRAM, "1 2 3\n", timeout, cpu, memory, output, sandbox.DEFAULT_MAX_FILE_BYTES, disk, seccomp=False
         )
+    if "without" in parameters:
+        for name, without in (("unstaged", {"uid", "inodes"}), ("no pids", {"pids"})):
+            configurations[name] = lambda without=without: sandbox._run(
+                PROGRAM, "1 2 3\n", timeout, cpu, memory, output, sandbox.DEFAULT_MAX_FILE_BYTES, disk, without=without
+            )
     return configurations
 
 

@@ -603,7 +603,9 @@ def test_run_cgroups_are_found_made_and_read_on_both_hierarchies(tmp_path, versi
     assert reason == "" and hierarchy == _cgroup.Hierarchy(version, str(own))
     # the lookup made a cgroup to be sure (a real cgroupfs removes it with its files; a plain folder keeps them)
     probe_limit = 64 << 20 if version == 2 else 60 << 20  # v1: 1/16 of it is TCP's
-    assert (own / "probe" / ("memory.max" if version == 2 else "memory.limit_in_bytes")).read_text() == str(probe_limit)
+    assert (own / "probe" / ("memory.max" if version == 2 else "memory.limit_in_bytes")).read_text() == str(
+        probe_limit
+    )
     path = hierarchy.create("run-1", 96 << 20)
     written = {p.name: p.read_text() for p in (own / "run-1").iterdir()}
     if version == 2:

@@ -5,8 +5,22 @@ at once (threads, each waiting on its own subprocess) and returns the results in
 says, in one line, why programs cannot run here (the code rewards call it when they are built, before any model
 loads).
 
-The boundary is the kernel's, set up by bubblewrap (`bwrap`, the system package `bubblewrap`) for each run:
+The boundary is the kernel's, set up by bubblewrap (`bwrap`, the system package `bubblewrap`) for each run, started
+by a short launcher (`_launcher`: util-linux's `unshare`, `mount` and `setpriv`, and `/bin/sh`):
 
+- **Never the machine's root.** A trainer running as root (as CI does, and most training containers) launches each
+  run in a mount namespace of its own (`unshare --mount`), stages the working directory and the Python install there
+  (see below), then becomes `SANDBOX_UID` (65534, "nobody"; `setpriv`: no supplementary groups, no capabilities,
+  an empty bounding set, no_new_privs) and execs bwrap, which makes its user namespace as that user. On the machine
+  the program is uid 65534: sysctl files and device nodes, checked by owner and mode, are root's, so it can write
+  the first no more than it can chmod the second, and RLIMIT_NPROC binds it (it is not enforced for root). A trainer
+  running as an ordinary user needs no such step: the program is that user on the machine (it cannot become another
+  without privileges), in a user namespace of the launcher's own (`unshare --user --map-root-user --mount`) where
+  the staging is done; where that user may not make one with `unshare` (bwrap alone is allowed, as under some
+  AppArmor profiles), bwrap starts alone and the working directory's names are not capped (said once). What this
+  needs: as root, CAP_SYS_ADMIN and CAP_SETUID (a container's root without CAP_SYS_ADMIN gets a one-line error
+  naming it: run the trainer as an ordinary user there) and unprivileged user namespaces for uid 65534; as an
+  ordinary user, unprivileged user namespaces (bwrap needed them already).
 - **Namespaces of its own** (`--unshare-all --unshare-user`): a new user namespace with no capabilities at all
   (`--cap-drop ALL`: as root, bwrap would otherwise keep every capability inside it), and new PID, mount, network,
   IPC, UTS and (where the kernel allows) cgroup namespaces. The program is PID 1 of its PID namespace
@@ -18,25 +32,42 @@ The boundary is the kernel's, set up by bubblewrap (`bwrap`, the system package 
   the interpreter and its standard library; not the virtual environment, since the program runs with
   `python -I -S`), a read-only minimal `/dev` (so no POSIX shared memory: `/dev/shm` is read-only too), and the
   working directory `/sandbox` (also `HOME` and `TMPDIR`), the only writable place: a fresh tmpfs of `disk_mb`
-  (64 MiB) for all its files together (writing more fails with ENOSPC), holding the program, gone with the run's
-  mount namespace. Nothing is written on the trainer's disk. Home directories (beyond the Python install, when it
+  (64 MiB) for all its files together and one name (file, directory, hard link, symlink) per 16 KiB of it
+  (`BYTES_PER_NAME`: 4,096 names by default, 512 for 8 MiB; names cost kernel memory that no size counts, about
+  1 KiB each, and can carry data: 248-byte names and 100-byte symlink targets stored 11 MB in a 8 MiB directory
+  before the cap), holding the program, gone with the run's mount namespace; writing more, or more names, fails
+  with ENOSPC. Nothing is written on the trainer's disk. Home directories (beyond the Python install, when it
   lives in one, as pyenv's does), the checkout, datasets, checkpoints, other runs' files and `/etc` (beyond the
-  loader cache and the time zone) do not exist there.
+  loader cache and the time zone) do not exist there. `/sys` does not exist; `/proc/sys` is the machine's,
+  read-only (EROFS, whoever the program is); `/proc/keys` and `/proc/key-users` are empty files (they list the keys
+  of the trainer's session keyring, which the program inherits). The device nodes (`null`, `zero`, `full`,
+  `random`, `urandom`, `tty`) are the machine's own inodes, bound in by bwrap so that they work; uid 65534 does
+  not own them, so it cannot chmod them.
 - **A clean environment** (`--clearenv`): `PATH`, `HOME`, `TMPDIR`, `LANG`, `LC_ALL` (and bwrap's `PWD`) only.
 - **An allowlist of system calls** (a seccomp filter, `_seccomp.py`): what CPython needs to run a program, and
   nothing else. New processes (`fork`, `vfork`, non-thread `clone`), new namespaces, `ptrace` and `process_vm_*`
   fail with EPERM; threads work; every call outside the list fails with ENOSYS: kernel keyrings (not namespaced:
   a key of the trainer's would be readable), io_uring, bpf, perf events, userfaultfd, mounts, kexec,
-  `memfd_create`, System V IPC, POSIX message queues. Sockets of other families than Unix and IP fail, and so
-  does growing a pipe's buffer. This is also what keeps a fork bomb off the machine's process table
-  (RLIMIT_NPROC is not enforced for root). On an architecture the filter does not know (only x86_64 and aarch64
+  `memfd_create`, System V IPC, POSIX message queues. Sockets of other families than Unix fail (the program has
+  no network to reach, and internet sockets' buffers are what a cgroup v1 does not count), and so do growing a
+  socket's buffers (SO_SNDBUF, SO_RCVBUF) and a pipe's. Two calls pass any seccomp filter, by the kernel's design:
+  `uretprobe` (Linux 6.11+) and `uprobe` (6.16+, x86_64); they only return from a probe that the machine's root
+  set, and kill a process that has none. On an architecture the filter does not know (only x86_64 and aarch64
   are), there is no filter; a forked process still dies with the run.
+- **At most `MAX_THREADS` (64) tasks**, its main thread included: RLIMIT_NPROC, counted in the run's own user
+  namespace (not enforced for root: hence the uid drop), and a pids cgroup per run where one can be made (v1 or v2;
+  `pids.max` 66: bwrap's process and the launcher's `mount` besides). A thread costs the machine's process table a
+  PID wherever it runs: 64 of them against a `pid_max` of 32,768 or more.
 - **A memory cgroup per run** (`_cgroup.py`, where one can be made: root, or a delegated cgroup; v1 or v2):
   `memory_mb` bounds everything the run makes the kernel hold, not only its address space: files in its working
-  directory, shared memory, pipe and socket buffers, kernel objects; no swap. At the limit the kernel's OOM killer
-  ends the run (status "memory"), never the trainer. Where none can be made, a warning says so once: `memory_mb`
-  then bounds the address space, and the working directory (`disk_mb`) and pipe buffers (64 files of 64 KiB) come
-  on top.
+  directory, shared memory, pipe and Unix socket buffers, kernel objects; no swap. On cgroup v1, TCP buffers have
+  a counter of their own that counts only once it has a limit: a run gets 1/16 of `memory_mb` there and the rest
+  for everything else (measured with the filter off: 15 loopback connections written and never read held 4 MiB of
+  a 64 MiB run, 157 MiB with no cgroup). On v2 memory.max counts socket buffers with the rest. At the limit the
+  kernel's OOM killer ends the run (status "memory"), never the trainer. Where none can be made, a warning says so once: `memory_mb`
+  then bounds the address space, and the working directory (`disk_mb`, and its names), pipe buffers (64 files of
+  64 KiB) and Unix socket buffers (at the machine's default size, `net.core.wmem_default`: 30 socketpairs filled
+  and never read held 6 MiB here, 235 MiB when the filter let them grow) come on top.
 - **Its lifetime**: `--die-with-parent` kills the program when the trainer dies (even by SIGKILL); `--new-session`
   detaches it from the trainer's terminal; at the end of a run its PID 1 and bwrap's process group are killed,
   which ends the PID namespace and everything in it before `run_program` returns. No process outlives the run.
@@ -395,12 +426,19 @@ def _stage_script(stage: str, *, disk: int, owner: int, inodes: bool) -> str:
 
 
 def _bwrap_argv(
-    bwrap: str, *, disk: int, source_fd: int, seccomp_fd: int | None, stage: str | None = None, proc: bool = True
+    bwrap: str,
+    *,
+    disk: int,
+    source_fd: int,
+    seccomp_fd: int | None,
+    stage: str | None = None,
+    empty_fds: tuple[int, ...] = (),
 ) -> list[str]:
     """bwrap's options for one run (the command follows): its working directory is a fresh tmpfs of `disk` bytes
     holding the program read from `source_fd`; `seccomp_fd` holds the filter, or None. With `stage`, the working
     directory and the staged paths come from the launcher's staging tmpfs (`_stage_script`); without it, bwrap makes
-    the tmpfs itself (no cap on names). `proc`: `/proc/sys` read-only and the keyrings' listings empty."""
+    the tmpfs itself (no cap on names). With two `empty_fds` (empty files), `/proc/sys` is read-only and the keyrings'
+    listings are those empty files."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--as-pid-1", "--die-with-parent"]
     argv += ["--new-session", "--hostname", "sandbox", "--clearenv"]
     for name, value in _environment(_WORKDIR).items():
@@ -414,9 +452,16 @@ def _bwrap_argv(
         else:
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc"]
-    if proc:  # sysctls stay the machine's; /proc/keys would list the keys of the trainer's session keyring
-        argv += ["--ro-bind", "/proc/sys", "/proc/sys", "--ro-bind", "/dev/null", "/proc/keys"]
-        argv += ["--ro-bind", "/dev/null", "/proc/key-users"]
+    if empty_fds:  # sysctls stay the machine's; /proc/keys would list the keys of the trainer's session keyring
+        argv += ["--ro-bind", "/proc/sys", "/proc/sys"]
+        argv += [
+            "--ro-bind-data",
+            str(empty_fds[0]),
+            "/proc/keys",
+            "--ro-bind-data",
+            str(empty_fds[1]),
+            "/proc/key-users",
+        ]
     argv += ["--dev", "/dev", "--remount-ro", "/dev"]
     argv += ["--bind", f"{stage}/work", _WORKDIR] if stage else ["--size", str(disk), "--tmpfs", _WORKDIR]
     argv += ["--file", str(source_fd), f"{_WORKDIR}/{_SOURCE_NAME}", "--chdir", _WORKDIR]
@@ -436,6 +481,7 @@ def _launcher(
     source_fd: int,
     seccomp_fd: int | None,
     groups: list[str] = (),  # type: ignore[assignment]
+    empty_fds: tuple[int, ...] = (),
     mode: str,
     without: frozenset[str] = frozenset(),
 ) -> list[str]:
@@ -451,8 +497,8 @@ def _launcher(
     """
     staged = mode in ("root", "user") and "inodes" not in without or mode == "root" and "uid" not in without
     stage = _stage_point() if staged else None
-    argv = _bwrap_argv(bwrap, disk=disk, source_fd=source_fd, seccomp_fd=seccomp_fd, stage=stage,
-                       proc="proc" not in without)
+    empty_fds = () if "proc" in without else empty_fds
+    argv = _bwrap_argv(bwrap, disk=disk, source_fd=source_fd, seccomp_fd=seccomp_fd, stage=stage, empty_fds=empty_fds)
     if mode == "root" and "uid" not in without:
         drop = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--inh-caps=-all"]
         argv = ["setpriv", *drop, "--bounding-set=-all", "--no-new-privs", "--", *argv]
@@ -476,6 +522,11 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+def _empty_fds() -> list[int]:
+    """Two empty files for bwrap to put over /proc/keys and /proc/key-users (each is read once)."""
+    return [_memfd("grpokit-sandbox-empty", b""), _memfd("grpokit-sandbox-empty", b"")]
+
+
 def _seccomp_fd() -> int | None:
     """A fresh descriptor of the seccomp filter for one bwrap, or None where there is none."""
     program = _seccomp.program()
@@ -484,14 +535,17 @@ def _seccomp_fd() -> int | None:
 
 def _probe(bwrap: str, mode: str) -> str | None:
     """None if bwrap runs a program behind the full boundary here, launched in `mode`, else the complaint."""
-    fds = [_memfd("grpokit-sandbox-probe", b"print('ok')\n")]
+    fds = [_memfd("grpokit-sandbox-probe", b"print('ok')\n"), *_empty_fds()]
     seccomp = _seccomp_fd()
     if seccomp is not None:
         fds.append(seccomp)
     try:
         if mode != "plain" and _stage_point() is None:
             return f"no directory to stage the sandbox in (one of {', '.join(_STAGE_POINTS)} not holding Python)"
-        argv = [*_launcher(bwrap, disk=1 << 20, source_fd=fds[0], seccomp_fd=seccomp, mode=mode), _interpreter()]
+        launcher = _launcher(
+            bwrap, disk=1 << 20, source_fd=fds[0], seccomp_fd=seccomp, empty_fds=tuple(fds[1:3]), mode=mode
+        )
+        argv = [*launcher, _interpreter()]
         probe = subprocess.run(
             [*argv, "-I", "-S", _SOURCE_NAME],
             capture_output=True,
@@ -519,8 +573,11 @@ def _boundary() -> dict[str, str | None]:
             bwrap = shutil.which("bwrap") if sys.platform.startswith("linux") else None
             mode = "root" if os.geteuid() == 0 else "user"
             _BOUNDARY.update(bwrap=bwrap, mode=mode, problem=None, unstaged=None)
-            missing = [tool for tool in ("unshare", "mount", "setpriv")[: 3 if mode == "root" else 2]
-                       if shutil.which(tool) is None]
+            missing = [
+                tool
+                for tool in ("unshare", "mount", "setpriv")[: 3 if mode == "root" else 2]
+                if shutil.which(tool) is None
+            ]
             if bwrap is None:
                 _BOUNDARY["problem"] = (
                     "running model programs needs bubblewrap (`bwrap`), which is not installed (or not on PATH): "
@@ -690,7 +747,7 @@ def _run(
         reason, code, out, err, seconds, truncated, cpu_used = outcome
         return RunResult(_status(reason, code, cpu_used, cpu), code, _decode(out), _decode(err), seconds, truncated)
 
-    fds = [_memfd("grpokit-sandbox-source", source.encode("utf-8"))]
+    fds = [_memfd("grpokit-sandbox-source", source.encode("utf-8")), *_empty_fds()]
     hierarchy, groups = None, []
     boundary = _boundary()
     try:
@@ -707,6 +764,7 @@ def _run(
             source_fd=fds[0],
             seccomp_fd=seccomp_fd,
             groups=groups,
+            empty_fds=tuple(fds[1:3]),
             mode=boundary["mode"],
             without=without,
         )
