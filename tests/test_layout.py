@@ -249,10 +249,10 @@ MAY_IMPORT = {
         "grpokit.vision",
     },
     "grpokit.data": {"grpokit.config", "grpokit.vision"},
-    "grpokit.models": {"grpokit.sharding", "grpokit.vision"},
+    "grpokit.models": {"grpokit.sharding", "grpokit.vision", "grpokit.gguf"},
     "grpokit.config": {"grpokit.rewards", "grpokit.launch"},
     "grpokit.demo": {"grpokit.tiny"},
-    **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny"}},
+    **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf"}},
 }
 
 

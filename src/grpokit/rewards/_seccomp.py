@@ -9,7 +9,7 @@ reads stdin, computes, uses threads and writes files in its working directory: f
 `poll`/`select`/`epoll`, pipes and local sockets (asyncio's self-pipe is a socketpair). The list was taken from
 `strace -f -c` of honest programs (the code rewards' tests, open-r1-style solutions, the modules math, itertools,
 collections, heapq, re, json, threading, asyncio, concurrent.futures, sqlite3, tempfile) and kept to what Docker's
-default profile also allows. Four calls are allowed only with some arguments:
+default profile also allows. Five calls are allowed only with some arguments:
 
 - `clone` only for a thread (CLONE_THREAD) that asks for no namespace; `fork`, `vfork` and a process-making `clone`
   fail with EPERM (threads are counted by the run's pids cgroup and RLIMIT_NPROC, see `sandbox.py`);
