@@ -127,3 +127,18 @@ def test_the_real_model_trains_with_lora_from_its_gguf_file(tmp_path):
     trainer.save_model(str(tmp_path / "adapter"))
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "lora" / "checkpoint-1" / "adapter_model.safetensors").is_file()
+
+
+@needs_real
+def test_the_real_template_lacks_tool_support_and_the_agent_check_says_so_in_one_line():
+    """SmolLM2's chat template does not render tools: the agent path's template check (run before any training when
+    `tools` or `environment_factory` is given) says so, with the advice to set a tool-capable template."""
+    from grpokit.agents.parsing import TemplateError, check_tool_template
+
+    tokenizer = gguf.load_tokenizer(*os.path.split(REAL))
+    with pytest.raises(TemplateError) as caught:
+        check_tool_template(tokenizer, name="SmolLM2-135M-Instruct")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("SmolLM2-135M-Instruct's chat template ignores tools and tool calls")
+    assert "set tokenizer.chat_template" in message

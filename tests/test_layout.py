@@ -251,7 +251,7 @@ MAY_IMPORT = {
     "grpokit.data": {"grpokit.config", "grpokit.vision"},
     "grpokit.models": {"grpokit.sharding", "grpokit.vision", "grpokit.gguf"},
     "grpokit.config": {"grpokit.rewards", "grpokit.launch"},
-    "grpokit.demo": {"grpokit.tiny"},
+    "grpokit.demo": {"grpokit.tiny", "grpokit.gguf"},
     **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf"}},
 }
 

@@ -198,3 +198,122 @@ def prepare_tools_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tupl
             fh.write("\n")
     os.replace(partial, data_path)
     return model_dir, data_path
+
+
+# ---- `grpokit train --demo real`: a real pretrained chat model learns a verifiable skill
+#
+# SmolLM2-135M-Instruct (see grpokit.gguf) mostly knows one-digit sums but says them in a sentence ("4 + 8 = 12",
+# "The answer is 12."). The skill it learns here is the answer alone: the reward is 1 when the reply is the sum and
+# nothing else. The prompt shows the form once (a user turn "What is 3 + 4?" answered "7"), as a few-shot prompt
+# would; without it the form was never sampled (0 of 64 tries at temperature 1, with each of 7 prompts tried), and a
+# reward nobody earns teaches nothing. With it, greedy replies are the sum alone on about a quarter of the held-out
+# sums. The 99 one-digit sums other than the example are split once: 32 held out (never trained on, scored greedily
+# before and after training), 67 to train on.
+
+SUM_EXAMPLE = (3, 4)
+HELD_OUT = 32
+
+
+def sum_pairs(seed: int = 0) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(train pairs, held-out pairs) of one-digit sums (the prompt's example left out), the same split for a seed."""
+    pairs = [(a, b) for a in range(10) for b in range(10) if (a, b) != SUM_EXAMPLE]
+    random.Random(seed).shuffle(pairs)
+    return pairs[HELD_OUT:], pairs[:HELD_OUT]
+
+
+def sum_row(a: int, b: int) -> dict:
+    """A prompt (the example exchange, then the question) and its answer."""
+    x, y = SUM_EXAMPLE
+    prompt = [
+        {"role": "user", "content": f"What is {x} + {y}?"},
+        {"role": "assistant", "content": str(x + y)},
+        {"role": "user", "content": f"What is {a} + {b}?"},
+    ]
+    return {"prompt": prompt, "answer": str(a + b)}
+
+
+def sum_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the reply is the expected sum alone (spaces and a final period aside), else 0.0.
+
+    >>> sum_reward([[{"role": "assistant", "content": " 12."}], [{"role": "assistant", "content": "4 + 8 = 12"}]],
+    ...            ["12", "12"])
+    [1.0, 0.0]
+    """
+    rewards = []
+    for completion, expected in zip(completions, answer, strict=True):
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        rewards.append(1.0 if text.strip().removesuffix(".").strip() == expected else 0.0)
+    return rewards
+
+
+def prepare_real_demo(workdir: str, *, rows: int = 4000, seed: int = 0) -> tuple[str, str, str]:
+    """SmolLM2-135M-Instruct (made once from its wheel, cached) and the sums: (model dir, train file, held-out file)."""
+    from grpokit.gguf import smollm2
+
+    model_dir = smollm2()
+    train, held_out = sum_pairs(seed)
+    rng = random.Random(seed)
+    paths = []
+    for name, lines in (("sums.jsonl", [rng.choice(train) for _ in range(rows)]), ("held_out.jsonl", held_out)):
+        path = os.path.join(workdir, name)
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "w", encoding="utf-8") as fh:
+            for a, b in lines:
+                fh.write(json.dumps(sum_row(a, b)) + "\n")
+        os.replace(partial, path)
+        paths.append(path)
+    return model_dir, paths[0], paths[1]
+
+
+def greedy_accuracy(model, tokenizer, rows: list[dict], *, max_new_tokens: int = 8) -> float:
+    """The fraction of `rows` (prompt messages, answer) that `model` answers right, greedily, in one batch."""
+    import torch
+
+    texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    finally:
+        tokenizer.padding_side = side
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    model.train(was_training)
+    replies = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(sum_reward(replies, [r["answer"] for r in rows])) / len(rows)
+
+
+def held_out_callback(path: str):
+    """A TrainerCallback that scores the rows of `path` greedily when training begins and ends, prints both and
+    keeps them (`.before`, `.after`, `.steps`)."""
+    from transformers import TrainerCallback
+
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+
+    class HeldOutAccuracy(TrainerCallback):
+        before = after = None
+        steps = 0
+
+        def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+            if state.is_world_process_zero and self.before is None:
+                self.before = greedy_accuracy(model, _tokenizer(processing_class), rows)
+                print(
+                    f"held-out accuracy (greedy, {len(rows)} sums never trained on) before training: {self.before:.2f}"
+                )
+
+        def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+            if state.is_world_process_zero:
+                self.after, self.steps = greedy_accuracy(model, _tokenizer(processing_class), rows), state.global_step
+                print(
+                    f"held-out accuracy (greedy) after {self.steps} steps: {self.after:.2f} (before: {self.before:.2f})"
+                )
+
+    return HeldOutAccuracy()
+
+
+def _tokenizer(processing_class):
+    return getattr(processing_class, "tokenizer", processing_class)

@@ -29,6 +29,8 @@ commands:
   train --demo          the built-in demo (also what `grpokit` alone runs), in ./grpokit-demo/ unless --output_dir DIR
   train --demo tools    the agent demo: a tiny model learns to call a tool, in ./grpokit-demo-tools/
   train --demo async    the demo with asynchronous GRPO (generation overlapped with training), in ./grpokit-demo-async/
+  train --demo real     a real chat model (SmolLM2-135M-Instruct, see `model`) learns one-digit sums, in
+                        ./grpokit-demo-real/ (about 8 minutes on 2 cores)
   config validate       check a configuration: `ok`, or one line per problem (exit 2)
   config show           resolved values and their sources [--format table|yaml|json] [--all]
   config plan           batch geometry and a memory estimate, before anything loads
@@ -412,15 +414,16 @@ def _train(args) -> int:
 
     if "--demo" in args[1:]:  # `grpokit train --max_steps 20 --demo [tools]` is the demo too
         at = args.index("--demo")
-        kind = args[at + 1 : at + 2] if args[at + 1 : at + 2] in (["tools"], ["async"]) else []
+        kind = args[at + 1 : at + 2] if args[at + 1 : at + 2] in (["tools"], ["async"], ["real"]) else []
         args = ["--demo", *kind, *args[:at], *args[at + 1 + len(kind) :]]
     if not args or args[0] == "--demo":
         # The demos' models are tiny: a second intra-op thread speeds up none of their operations (measured: the same
         # step time on 2 idle cores), and on a loaded machine the threads of torch's OpenMP pool, which spin while
         # they wait for each other, made a step of the agent demo 30 times slower (10 times the text demo's);
         # one thread keeps both within 3 times (benchmarks/bench_agent.py). Set before torch loads; the user's
-        # OMP_NUM_THREADS wins.
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # OMP_NUM_THREADS wins. The real model's demo (`--demo real`) is not tiny: it keeps torch's threads.
+        if args[1:2] != ["real"]:
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args and args[0] != "--demo" and not _names_a_run(args) and _resolves(args):
         import shlex
 

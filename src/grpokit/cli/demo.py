@@ -10,8 +10,8 @@ import contextlib
 import os
 from importlib import resources
 
-# `grpokit train --demo [tools|async]`
-DEMOS = {"digits": "demo.yaml", "tools": "demo_tools.yaml", "async": "demo_async.yaml"}
+# `grpokit train --demo [tools|async|real]`
+DEMOS = {"digits": "demo.yaml", "tools": "demo_tools.yaml", "async": "demo_async.yaml", "real": "demo_real.yaml"}
 
 
 def demo_config_path(kind: str = "digits") -> str:

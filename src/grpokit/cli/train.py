@@ -54,7 +54,7 @@ def _demo_argv(extra_args: list[str]) -> list[str]:
     named by placeholders: only the configuration is checked)."""
     from grpokit.cli.demo import demo_config_path
 
-    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"]) else "digits"
+    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"], ["real"]) else "digits"
     rest = extra_args[1:] if kind != "digits" else extra_args
     config = demo_config_path(kind)
     return ["--config", config, "--model_name_or_path", "demo-model", "--dataset_name", "demo.jsonl", *rest]
@@ -67,11 +67,12 @@ def run_demo(extra_args) -> int:
     from grpokit.cli.demo import demo_config_path, make_demo_dir
     from grpokit.demo import prepare_demo, prepare_tools_demo
 
-    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"]) else "digits"
+    kind = extra_args[0] if extra_args[:1] in (["tools"], ["async"], ["real"]) else "digits"
     tools = kind == "tools"
     extra_args = extra_args[1:] if kind != "digits" else extra_args
     prepare = prepare_tools_demo if tools else prepare_demo
-    out = {"digits": "grpokit-demo", "tools": "grpokit-demo-tools", "async": "grpokit-demo-async"}[kind]
+    out = {"digits": "grpokit-demo", "tools": "grpokit-demo-tools", "async": "grpokit-demo-async"}.get(kind)
+    out = out or f"grpokit-demo-{kind}"
     for i, arg in enumerate(extra_args):
         if arg == "--output_dir" and i + 1 < len(extra_args):
             out = extra_args[i + 1]
@@ -90,10 +91,19 @@ def run_demo(extra_args) -> int:
     # Where they share the folder, the others find the model written; a machine that does not (a folder per machine)
     # writes its own, in a fresh interpreter: once a process group exists, transformers' save_pretrained writes the
     # weights on global rank 0 only.
+    held_out = None
     with state.main_process_first(), state.local_main_process_first():
         make_demo_dir(out)
         written = os.path.isfile(os.path.join(out, "initial_model", "config.json"))
-        if state.process_index != 0 and not written:
+        if kind == "real":
+            from grpokit.demo import prepare_real_demo
+
+            try:
+                model_dir, data_path, held_out = prepare_real_demo(out)
+            except ValueError as exc:  # the real model is not installed
+                print_error(f"--demo real: {exc}")
+                return 2
+        elif state.process_index != 0 and not written:
             model_dir, data_path = _prepare_in_a_child(out, tools)
         else:
             model_dir, data_path = prepare(out)
@@ -108,6 +118,11 @@ def run_demo(extra_args) -> int:
             print(
                 f"grpokit demo: a tiny model learns to repeat the digit of prompts like '7=', generating the next "
                 f"batches while it trains on this one ({out}/)"
+            )
+        elif kind == "real":
+            print(
+                f"grpokit demo: SmolLM2-135M-Instruct, a real chat model, learns to answer sums like 'What is 4 + 8?' "
+                f"with the number alone ({out}/)"
             )
         else:
             print(f"grpokit demo: a tiny random-init model learns to repeat the digit of prompts like '7=' ({out}/)")
@@ -125,6 +140,9 @@ def run_demo(extra_args) -> int:
         *extra_args,
     ]
     relaunch = ["--demo", *([kind] if kind != "digits" else []), *extra_args]
+    if held_out is not None:
+        args = [*args[: len(args) - len(extra_args)], "--dataset_test_split", held_out, *extra_args]  # theirs win
+        return _train(args, demo=held_out, relaunch_argv=relaunch)
     if kind != "async":
         return _train(args, demo=True, relaunch_argv=relaunch)
     from grpokit.cli.demo import demo_server
@@ -146,7 +164,7 @@ def _engine_inputs(training_args) -> dict:
     }
 
 
-def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
+def _train(argv, *, demo: bool | str = False, relaunch_argv=None) -> int:
     """Check the configuration; then train in this process, or, given launch options (`--accelerate_config`) outside
     a launcher, start the launch with `relaunch_argv` (the `grpokit train` arguments) less the launch flags."""
     from grpokit.cli.launch_presets import machine_problems, run_launch
@@ -191,7 +209,7 @@ def _train(argv, *, demo: bool = False, relaunch_argv=None) -> int:
     return _train_here(resolution, demo=demo)
 
 
-def _train_here(resolution, *, demo: bool) -> int:
+def _train_here(resolution, *, demo: bool | str) -> int:
     """Train in this process. The writing process (process 0) holds output_dir's lock for the whole run; a folder
     this start made is removed again when the run ends before anything was written into it."""
     from grpokit.cli.run_dir import RunDirError, RunLock
@@ -216,7 +234,9 @@ def _train_here(resolution, *, demo: bool) -> int:
             os.rmdir(out)
 
 
-def _load_and_train(resolution, *, demo: bool) -> int:
+def _load_and_train(resolution, *, demo: bool | str) -> int:
+    """Load, train and save. `demo`: True for a demo, or the held-out file of `--demo real` (scored greedily before
+    and after training, and drawn in the plot)."""
     script_args, training_args, model_args, mixture = resolution.instances
 
     from grpokit.data import DataError, load_train_eval
@@ -271,6 +291,12 @@ def _load_and_train(resolution, *, demo: bool) -> int:
 
     stop = GracefulStop(announce=trainer.is_world_process_zero())
     trainer.add_callback(stop)
+    held_out = None
+    if isinstance(demo, str):
+        from grpokit.demo import held_out_callback
+
+        held_out = held_out_callback(demo)
+        trainer.add_callback(held_out)
     resuming = training_args.resume_from_checkpoint is not None
     if training_args.process_index == 0:  # every check passed and the model loaded: now the folder is written
         if training_args.overwrite_output_dir and not resuming:
@@ -308,6 +334,8 @@ def _load_and_train(resolution, *, demo: bool) -> int:
         print(closing_message(out, recorder.plot_path, adapter=bool(model_args.use_peft), records=recorder.write))
         if demo and recorder.write:
             _demo_verdict(out)
+        if held_out is not None and held_out.after is not None and recorder.write:
+            _record_held_out(out, held_out)
     return 0
 
 
@@ -462,6 +490,20 @@ def _peft_config(model_args):
         use_rslora=model_args.use_rslora,
         use_dora=model_args.use_dora,
     )
+
+
+def _record_held_out(output_dir, held_out) -> None:
+    """The real demo's greedy held-out accuracy, before (step 0) and after training, as rows of metrics.jsonl
+    (`held_out/greedy_accuracy`), and the plot redrawn with them."""
+    import json
+
+    from grpokit.records.plot import plot_run
+
+    with open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8") as fh:
+        for step, value in ((0, held_out.before), (held_out.steps, held_out.after)):
+            fh.write(json.dumps({"step": step, "held_out/greedy_accuracy": value}) + "\n")
+    plot_run(output_dir)
+    print(f"demo: held-out accuracy (greedy) {held_out.before:.2f} -> {held_out.after:.2f}")
 
 
 def _demo_verdict(output_dir) -> None:

@@ -33,7 +33,7 @@ def has_reward_rows(run_dir: str) -> bool:
 
 def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
     """The series the plot draws, from metrics.jsonl rows: {"reward": {step, mean, std}, "loss": {step, value},
-    "eval_reward": {step, mean, std}, "tool_calls": {step, value}}; a series with no rows has empty lists. Training
+    "eval_reward": {step, mean, std}, "tool_calls": {step, value}, "held_out": {step, value}}; a series with no rows has empty lists. Training
     rows are those with `reward`, evaluation rows those with `eval_reward` (TRL's names; an evaluation's row has no
     `reward`)."""
     train = [r for r in rows if "reward" in r and "step" in r]
@@ -54,6 +54,10 @@ def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
         "tool_calls": {
             "step": [r["step"] for r in train if "tools/call_frequency" in r],
             "value": [r["tools/call_frequency"] for r in train if "tools/call_frequency" in r],
+        },
+        "held_out": {
+            "step": [r["step"] for r in rows if "held_out/greedy_accuracy" in r],
+            "value": [r["held_out/greedy_accuracy"] for r in rows if "held_out/greedy_accuracy" in r],
         },
     }
 
@@ -89,6 +93,16 @@ def plot_run(run_dir: str) -> str:
             linestyle="--",
             capsize=3,
             label="eval reward ± std",
+        )
+    held_out = series["held_out"]
+    if held_out["step"]:  # the real demo: greedy accuracy on prompts never trained on, before and after
+        ax_r.plot(
+            held_out["step"],
+            held_out["value"],
+            color="tab:purple",
+            marker="s",
+            linestyle="-.",
+            label="held-out accuracy (greedy)",
         )
     calls = series["tool_calls"]
     if calls["step"]:  # an agent run: tool calls per completion beside the reward
