@@ -643,3 +643,28 @@ def test_without_a_memory_cgroup_programs_still_run_and_it_is_said_once(monkeypa
     assert (first.stdout, second.stdout) == ("1\n", "2\n")
     (record,) = [r for r in caplog.records if "memory cgroup" in r.getMessage()]
     assert "no memory cgroup can be made here (no cgroup mount)" in record.getMessage()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_pids_cgroups_are_found_and_capped_on_both_hierarchies(tmp_path, version):
+    """v2: the pids controller is enabled for children of the trainer's cgroup (`+pids`) and a run's pids.max goes in
+    the same cgroup as its memory limit; v1: the pids hierarchy of the trainer's cgroup."""
+    own = _fake_cgroupfs(tmp_path, version)
+    if version == 1:  # the pids hierarchy beside the memory one
+        own = tmp_path / "sys-fs-cgroup" / "pids" / "docker" / "abc"
+        own.mkdir(parents=True)
+        with open(tmp_path / "mountinfo", "a") as f:
+            f.write(f"36 31 0:31 /docker/abc {own} rw - cgroup cgroup rw,pids\n")
+    _cgroup.forget()
+    try:
+        hierarchy, reason = _cgroup.find(
+            "probe", mountinfo=str(tmp_path / "mountinfo"), own=str(tmp_path / "cgroup"), controller="pids"
+        )
+    finally:
+        _cgroup.forget()
+    assert reason == "" and hierarchy == _cgroup.Hierarchy(version, str(own), "pids")
+    if version == 2:
+        assert (own / "cgroup.subtree_control").read_text() == "+pids"  # (a plain file: the write replaced it)
+    assert (own / "probe" / "pids.max").read_text() == "64"
+    hierarchy.create("run-1", 66)
+    assert {p.name: p.read_text() for p in (own / "run-1").iterdir()} == {"pids.max": "66"}
