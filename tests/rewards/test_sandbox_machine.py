@@ -221,14 +221,25 @@ try:
         stored += 248
 except OSError as e:
     kind = errno.errorcode[e.errno]
+data = 0
+try:
+    with open("data", "wb") as f:  # then data, until the rest is full
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+            data += 4096
+except OSError:
+    pass
 print(entries, stored, kind)
+print(data + stored + os.path.getsize("solution.py"))
 """
 
 
 @pytest.mark.parametrize("without", [set(), {"inodes"}])
 def test_disk_mb_bounds_names_links_and_symlinks(without):
     """8 MiB allow 512 names (one per 16 KiB): the tmpfs's root, solution.py and `d` take 3, so 509 entries fit;
-    hard links count as names too. Without the cap, 40,000 entries store 11 MB of names, past the 8 MiB."""
+    hard links count as names too; what the names hold and the data written after them stay within the 8 MiB.
+    Without the cap, 40,000 entries store 11 MB of names, past the 8 MiB."""
     result = attack("kernel", NAMES, disk_mb=8, without=without, timeout=20)
     entries, stored, end = lines(result)[0].split()
     if without:
@@ -236,6 +247,7 @@ def test_disk_mb_bounds_names_links_and_symlinks(without):
     else:
         assert (int(entries), end) == (509, "ENOSPC")
         assert int(stored) == 509 * 248 + 169 * 100  # 169 symlinks among the first 509 (entries 2, 5, ..., 506)
+        assert int(lines(result)[1]) <= 8 << 20  # names, symlink targets and data together: within disk_mb
 
 
 # ---------------------------------------------------------------------------------------------------- sockets
@@ -340,7 +352,7 @@ chmod = "import errno, os\ntry:\n  os.chmod('/dev/null', 0o666)\n  print('done')
 out["chmod"] = attack("kernel", chmod).stdout.strip()
 out["threads"] = attack("kernel", t.THREADS, timeout=10).stdout.strip()
 out["threads without nproc"] = attack("kernel", t.THREADS, timeout=10, without={{"nproc"}}).stdout.strip()
-out["names"] = attack("kernel", t.NAMES, disk_mb=8, timeout=20).stdout.strip()
+out["names"] = attack("kernel", t.NAMES, disk_mb=8, timeout=20).stdout.splitlines()[0]
 out["uid inside"] = attack("kernel", "import os\nprint(os.stat('solution.py').st_uid)").stdout.strip()
 print(json.dumps(out))
 """

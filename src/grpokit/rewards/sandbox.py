@@ -35,8 +35,9 @@ by a short launcher (`_launcher`: util-linux's `unshare`, `mount` and `setpriv`,
   (64 MiB) for all its files together and one name (file, directory, hard link, symlink) per 16 KiB of it
   (`BYTES_PER_NAME`: 4,096 names by default, 512 for 8 MiB; names cost kernel memory that no size counts, about
   1 KiB each, and can carry data: 248-byte names and 100-byte symlink targets stored 11 MB in a 8 MiB directory
-  before the cap), holding the program, gone with the run's mount namespace; writing more, or more names, fails
-  with ENOSPC. Nothing is written on the trainer's disk. Home directories (beyond the Python install, when it
+  before the cap; the tmpfs is 384 bytes smaller per name allowed, what a name and an inline symlink target can
+  hold, so that data and names together stay within `disk_mb`), holding the program, gone with the run's mount
+  namespace; writing more, or more names, fails with ENOSPC. Nothing is written on the trainer's disk. Home directories (beyond the Python install, when it
   lives in one, as pyenv's does), the checkout, datasets, checkpoints, other runs' files and `/etc` (beyond the
   loader cache and the time zone) do not exist there. `/sys` does not exist; `/proc/sys` is the machine's,
   read-only (EROFS, whoever the program is); `/proc/keys` and `/proc/key-users` are empty files (they list the keys
@@ -308,6 +309,9 @@ _WARNED_NO_STAGE = threading.Event()
 SANDBOX_UID = SANDBOX_GID = 65534  # "nobody": who a program is on the machine when the trainer is root
 MAX_THREADS = 64  # a run's tasks at once, its main thread included (pids cgroup, and RLIMIT_NPROC)
 BYTES_PER_NAME = 16 << 10  # `disk_mb` allows one name (file, directory, link) per 16 KiB
+# What one name can hold beyond the tmpfs's size: 255 bytes of name and a symlink target under 128 bytes, which tmpfs
+# keeps in the inode. The tmpfs is that much smaller per name, so that data and names together stay within disk_mb.
+NAME_BYTES = 384
 _MIN_NAMES = 64
 _LAUNCH_TASKS = 2  # besides the program's: bwrap's own process, and the launcher's `mount` while it runs
 _STAGE_POINTS = ("/tmp", "/var/tmp", "/mnt", "/srv", "/opt")
@@ -415,7 +419,8 @@ def _stage_script(stage: str, *, disk: int, owner: int, inodes: bool) -> str:
     paths (`p0`, `p1`, ...); then it execs its arguments (bwrap, or setpriv then bwrap)."""
     q = shlex.quote
     work = f"{stage}/work"
-    options = f"size={disk},mode=0700,uid={owner},gid={owner}" + (f",nr_inodes={_names(disk)}" if inodes else "")
+    size = disk - _names(disk) * NAME_BYTES if inodes else disk
+    options = f"size={size},mode=0700,uid={owner},gid={owner}" + (f",nr_inodes={_names(disk)}" if inodes else "")
     lines = ["set -e", f"mount -t tmpfs -o size=65536,mode=0755 grpokit-stage {q(stage)}"]
     staged = _staged_paths()
     lines.append("mkdir " + " ".join(q(d) for d in [work, *(f"{stage}/p{i}" for i in range(len(staged)))]))
