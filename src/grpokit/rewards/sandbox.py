@@ -324,10 +324,6 @@ def _hierarchy(controller: str) -> tuple[_cgroup.Hierarchy | None, str]:
     return _cgroup.find(f"{_leftovers.PREFIX}probe-{os.getpid()}", controller=controller)
 
 
-def _memory_hierarchy() -> tuple[_cgroup.Hierarchy | None, str]:
-    return _hierarchy("memory")
-
-
 def _token() -> str:
     """This trainer process's token (see `_leftovers`); the first call removes what dead trainers left."""
     parents = [h.parent for h in (_hierarchy("memory")[0], _hierarchy("pids")[0]) if h is not None]
@@ -500,15 +496,16 @@ def _launcher(
       where the trainer's user is root; no `setpriv`: the program is the trainer's user on the machine;
     - "plain" mode (an ordinary user who cannot make a user namespace with `unshare`): bwrap alone.
     """
-    staged = mode in ("root", "user") and "inodes" not in without or mode == "root" and "uid" not in without
-    stage = _stage_point() if staged else None
+    caps_names = mode != "plain" and "inodes" not in without
+    drops_uid = mode == "root" and "uid" not in without  # the Python install is bound in before the drop
+    stage = _stage_point() if caps_names or drops_uid else None
     empty_fds = () if "proc" in without else empty_fds
     argv = _bwrap_argv(bwrap, disk=disk, source_fd=source_fd, seccomp_fd=seccomp_fd, stage=stage, empty_fds=empty_fds)
-    if mode == "root" and "uid" not in without:
+    if drops_uid:
         drop = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--inh-caps=-all"]
         argv = ["setpriv", *drop, "--bounding-set=-all", "--no-new-privs", "--", *argv]
     if stage is not None:
-        owner = SANDBOX_UID if mode == "root" and "uid" not in without else 0
+        owner = SANDBOX_UID if drops_uid else 0
         script = _stage_script(stage, disk=disk, owner=owner, inodes="inodes" not in without)
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if mode == "user":
@@ -761,8 +758,6 @@ def _run(
             fds.append(seccomp_fd)
         pids = 0 if "pids" in without else MAX_THREADS + _LAUNCH_TASKS
         hierarchy, groups = _run_cgroups(memory if cgroup else 0, pids)
-        if hierarchy is not None and not groups[0].startswith(hierarchy.parent):
-            hierarchy = None
         prefix = _launcher(
             boundary["bwrap"],
             disk=disk,
