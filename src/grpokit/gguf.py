@@ -39,9 +39,7 @@ def gguf_source(model_id: str, model_init_kwargs: dict | None) -> tuple[str, str
     """(folder, file name) when `model_id` names a GGUF checkpoint (a `.gguf` file, or a folder with
     `model_init_kwargs["gguf_file"]`), else None."""
     gguf_file = (model_init_kwargs or {}).get("gguf_file")
-    if gguf_file:
-        if os.path.isabs(gguf_file) or os.path.isfile(gguf_file) and not os.path.isdir(model_id):
-            return os.path.dirname(os.path.abspath(gguf_file)), os.path.basename(gguf_file)
+    if gguf_file:  # as transformers reads it: a file in the folder `model_id`
         return model_id, gguf_file
     if model_id.endswith(".gguf"):
         if not os.path.isfile(model_id):
@@ -102,6 +100,7 @@ def load_tokenizer(folder: str, gguf_file: str, **kwargs):
     """The tokenizer stored in the GGUF file (its vocabulary, merges, special tokens and chat template)."""
     from transformers import AutoTokenizer
 
+    _check_architecture(folder, gguf_file)  # (the trainer loads the tokenizer first: its errors come first)
     kwargs.pop("trust_remote_code", None)
     return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, **kwargs)
 
