@@ -370,20 +370,34 @@ def test_as_an_ordinary_user_nothing_of_the_machine_changes_and_the_caps_hold(tm
 
     install = os.path.realpath(sys.base_prefix)
     tests = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.realpath(os.path.dirname(os.path.dirname(tests)))
     code = AS_USER.format(tests=tests, sysctl=SYSCTL)
-    lines_ = [f"mount --bind {shlex.quote(install)} {tmp_path}"]
-    hidden = next((p for p in ("/root", "/home") if install.startswith(p + "/")), None)
-    if hidden:  # a readable stand-in for the 0700 home, holding the install at its own path
-        lines_ += [
-            f"mount -t tmpfs -o mode=0755 grpokit-test {hidden}",
-            f"mkdir -p {shlex.quote(install)}",
-            f"mount --bind {tmp_path} {shlex.quote(install)}",
-        ]
+    q = shlex.quote
+    # Each path the user needs, under a folder others cannot enter (pyenv's under root's 0700 home, a checkout made
+    # by `mktemp -d`), is bound aside, that folder is covered by a readable tmpfs, and the path bound back in place.
+    needed = [
+        install,
+        *(os.path.join(checkout, n) for n in (".venv", "src", "tests") if os.path.isdir(os.path.join(checkout, n))),
+    ]
+    blocked = {}
+    for path in needed:
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            ancestor = "/" + "/".join(parts[:depth])
+            if not os.stat(ancestor).st_mode & 0o001:
+                blocked[path] = ancestor
+                break
+    lines_ = []
+    for i, path in enumerate(blocked):
+        lines_ += [f"mkdir {tmp_path}/p{i}", f"mount --bind {q(path)} {tmp_path}/p{i}"]
+    for ancestor in sorted(set(blocked.values()), key=len):
+        lines_.append(f"mount -t tmpfs -o mode=0755 grpokit-test {q(ancestor)}")
+    for i, path in enumerate(blocked):
+        lines_ += [f"mkdir -p {q(path)}", f"mount --bind {tmp_path}/p{i} {q(path)}"]
     lines_.append(
         f"exec setpriv --reuid={ORDINARY_UID} --regid={ORDINARY_UID} --clear-groups "
         f"env HOME=/tmp {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     )
-    os.chmod(tmp_path, 0o755)
     run = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-ec", "\n".join(lines_)],
         capture_output=True,
