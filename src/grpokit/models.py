@@ -489,7 +489,7 @@ def unwrapped_for_generation(accelerator, model_wrapped, ds3_gather_for_generati
     for layer in layers:
         layer.gradient_checkpointing = False
     try:
-        with gather:
+        with gather, accelerator.autocast():  # mixed precision: one autocast over the whole generate call
             yield model
     finally:
         for layer in layers:

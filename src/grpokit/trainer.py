@@ -37,6 +37,7 @@ from .config.redaction import hidden_secrets
 from .config.rules import vllm_mode_warnings
 from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
+from .fastpath.allocator import keep_freed_memory
 from .generation.push import WeightPushes
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
@@ -177,6 +178,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._dist = AcceleratorCollective(self.accelerator)
         if self._dist.num_processes > 1:
             leave_process_group_at_exit()  # see grpokit.dist: a script's process must not abort at exit
+        if self.accelerator.device.type == "cpu":
+            keep_freed_memory()  # large tensors reused from the heap, not faulted in again each step (see there)
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step

@@ -73,8 +73,33 @@ def unsupported_reason(model) -> str | None:
         return "a normalisation layer that is not the plain RMSNorm"
     if type(model.model.embed_tokens) is not nn.Embedding:
         return "an embedding that is not a plain nn.Embedding"
-    module = hooked(model.modules())
+    modules = model.modules()
+    if _autocast_forward(model):  # accelerate's mixed-precision wrapper: the step runs under the same autocast
+        next(modules)
+    module = hooked(modules)
     return f"a hook or patched forward on {module}" if module else None
+
+
+def _autocast_forward(model) -> bool:
+    """Whether `model`'s forward is accelerate's mixed-precision wrapper (autocast around the original forward) and
+    that autocast is on now (the trainer generates inside `accelerator.autocast()`), so that plain tensor code under
+    it computes what the wrapped forward computes."""
+    return (
+        "forward" in model.__dict__
+        and hasattr(model, "_original_forward")
+        and not model._forward_hooks
+        and not model._forward_pre_hooks
+        and torch.is_autocast_enabled("cpu")
+    )
+
+
+def _autocast_dtype() -> torch.dtype | None:
+    """The lower-precision dtype CPU autocast casts matrix products to, when it is on."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+
+
+def _cast(weight: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    return weight if weight is None or dtype is None else weight.to(dtype)
 
 
 def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
@@ -91,21 +116,32 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, dim: int = -1) -> Tensor:
     return x * cos + rotated * sin
 
 
+class _Linear:
+    """A linear layer's weight and bias column, in `dtype` (autocast's; None: as stored)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None):
+        self.weight = _cast(linear.weight, dtype)
+        self.bias = _cast(_bias_column(linear), dtype)
+
+
 class _Layer:
     """One decoder layer's weights, q/k/v stacked into one product. (Stacking gate/up as well would copy the largest
-    weights every `generate` call, for a product no faster than the two apart.)"""
+    weights every `generate` call, for a product no faster than the two apart.) Under autocast (bf16 mixed
+    precision) the weights are cast once here, as autocast's weight cache would cast them once per forward: the
+    decode steps then read half the bytes."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, dtype: torch.dtype | None = None):
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.qkv_weight = torch.cat([p.weight for p in projections])
+        self.qkv_weight = _cast(torch.cat([p.weight for p in projections]), dtype)
         biases = [p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections]
-        self.qkv_bias = None if all(p.bias is None for p in projections) else torch.cat(biases)[:, None]
+        self.qkv_bias = None if all(p.bias is None for p in projections) else _cast(torch.cat(biases)[:, None], dtype)
         self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
-        self.o_proj = attn.o_proj
-        self.gate_proj, self.up_proj, self.down_proj, self.act = mlp.gate_proj, mlp.up_proj, mlp.down_proj, mlp.act_fn
+        self.o_proj = _Linear(attn.o_proj, dtype)
+        self.gate_proj, self.up_proj, self.down_proj = (_Linear(m, dtype) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
 
 
 def _linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
@@ -114,8 +150,8 @@ def _linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
     return torch.mm(weight, x.t()) if bias is None else torch.addmm(bias, weight, x.t())
 
 
-def _linear_layer(linear: nn.Linear, x: Tensor) -> Tensor:
-    return _linear(linear.weight, _bias_column(linear), x)
+def _linear_layer(linear: _Linear, x: Tensor) -> Tensor:
+    return _linear(linear.weight, linear.bias, x)
 
 
 def _bias_column(linear: nn.Linear) -> Tensor | None:
@@ -129,10 +165,11 @@ class ColumnStep:
 
     def __init__(self, model):
         self.model = model
-        self.layers = [_Layer(layer) for layer in model.model.layers]
+        dtype = _autocast_dtype()
+        self.layers = [_Layer(layer, dtype) for layer in model.model.layers]
         self.embed = model.model.embed_tokens.weight
         self.final_norm = model.model.norm
-        self.lm_head = model.lm_head
+        self.lm_head = _Linear(model.lm_head, dtype)
 
     def cache(self, prefill_cache, inverse: Tensor, *, capacity: int):
         """The KV cache for rows `inverse` `(n,)` of the G prompts in `prefill_cache`: prompts kept once per group when
