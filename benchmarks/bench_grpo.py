@@ -636,9 +636,9 @@ def wait_until_idle(threshold: float = 0.1, quiet_seconds: int = 5, timeout: flo
 NO_WAIT = False  # --no-wait: a functional check on a busy machine (no idle wait, no reruns; timings meaningless)
 
 
-def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
-    """Run this script as a worker subprocess; rerun it (up to `retries` times) when other processes took more
-    than 5% of the machine's CPU meanwhile. The result carries that share as `contention`."""
+def run_worker(python: str, argv: list[str], retries: int = 6, script: str = __file__) -> dict | None:
+    """Run `script` (default this one) as a worker subprocess; rerun it (up to `retries` times) when other processes
+    took more than 5% of the machine's CPU meanwhile. The result carries that share as `contention`."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(THREADS),
@@ -661,7 +661,7 @@ def run_worker(python: str, argv: list[str], retries: int = 6) -> dict | None:
             out = f.name
         start, busy = time.monotonic(), cpu_busy_seconds()
         own = resource.getrusage(resource.RUSAGE_CHILDREN)
-        command = [python, os.path.abspath(__file__), *argv, "--out", out]
+        command = [python, os.path.abspath(script), *argv, "--out", out]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         child = resource.getrusage(resource.RUSAGE_CHILDREN)
         child_cpu = child.ru_utime + child.ru_stime - own.ru_utime - own.ru_stime

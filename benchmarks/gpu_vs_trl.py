@@ -1,7 +1,7 @@
 """grpokit against TRL 1.16 on one CUDA GPU, side by side: transformers generation and vLLM colocate, bf16.
 
-    python benchmarks/gpu_vs_trl.py prepare --work DIR    # the model and prompts (no GPU needed)
-    python benchmarks/gpu_vs_trl.py run --work DIR        # the four runs (needs CUDA), then the table
+    python benchmarks/gpu_vs_trl.py prepare --work DIR    # the models and prompts (no GPU needed)
+    python benchmarks/gpu_vs_trl.py run --work DIR        # the runs (needs CUDA), then the table
 
 `benchmarks/gpu_vs_trl.sh` builds the environment and calls both. The model is a random-init Qwen2 with
 Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 KV heads of 64, MLP 4864, 151,936-word vocabulary, tied
@@ -20,6 +20,13 @@ included: `bench_grpo.step_flops`) over the time of the training phase (every lo
 optimizer step; so a side that scores twice pays for it) and the GPU's bf16 dense peak (989 TFLOP/s for H100/H200
 SXM; otherwise the best bf16 matmul measured in the process). Then the ratios TRL / grpokit (step time) and grpokit /
 TRL (memory).
+
+The real-shape legs (`GPU_VS_TRL_LEGS`, default all: `qwen-transformers,qwen-vllm,smollm2-6,smollm2-128`): SmolLM2-135M-
+Instruct's shape (Llama: hidden 576, 30 layers, 9 query / 3 KV heads of 64, MLP 1536, 49,152-word vocabulary, tied
+embeddings), random weights built here (the GPU machine reaches no index and takes little from the checkout; speed
+needs the shapes, not the weights), trained as `bench_grpo.py`'s `real-short` / `real-long` workloads on CPU: 6- or
+128-word prompts, 8 generations, 16 completions of 32 tokens a step, learning rate 1e-5, transformers generation,
+`bf16=True` over float32 weights (as a TRL user writes it).
 
 TRL's side runs as shipped; only when its own weight push to vLLM fails (TRL 1.16 supports vLLM up to 0.31, grpokit
 needs 0.32) does it go through vLLM's in-place reload instead (`bench_grpo.patch_trl_weight_sync`), said in the output.
@@ -47,13 +54,60 @@ WARMUP, STEPS = 2, 4
 NOMINAL_BF16 = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
+# The real-shape legs: leg -> prompt words; what they share
+SMOLLM2_LEGS = {"smollm2-6": 6, "smollm2-128": 128}
+SMOLLM2 = dict(completions=16, length=32, learning_rate=1e-5)
+
+
+def prepare_smollm2(work: str) -> None:
+    """A random-init model with SmolLM2-135M-Instruct's shape (float32) and a 49,152-word tokenizer, work/smollm2;
+    prompts of 6 and 128 words in work/prompts-smollm2-{6,128}.json."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpokit.tiny import build_word_tokenizer
+
+    path = os.path.join(work, "smollm2")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        tokenizer = build_word_tokenizer(49152)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        print(f"model: {path}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, float32")
+    rng = random.Random(0)
+    for words in SMOLLM2_LEGS.values():
+        prompts = [" ".join(f"w{rng.randrange(49000)}" for _ in range(words)) for _ in range(256)]
+        with open(os.path.join(work, f"prompts-smollm2-{words}.json"), "w") as f:
+            json.dump(prompts, f)
+
+
 def prepare(work: str) -> None:
-    """Model (random init, Qwen2.5-0.5B's shape) and tokenizer under work/model; prompts in work/prompts.json."""
+    """Model (random init, Qwen2.5-0.5B's shape) and tokenizer under work/model; prompts in work/prompts.json; the
+    real-shape legs' model and prompts (`prepare_smollm2`)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpokit.tiny import build_word_tokenizer
 
+    prepare_smollm2(work)
     path = os.path.join(work, "model")
     if os.path.exists(os.path.join(path, "config.json")):
         print(f"model: {path} (already built)")
@@ -119,6 +173,7 @@ def bf16_peak() -> tuple[float, str]:
 
 
 def worker(side: str, generation: str, work: str) -> dict:
+    """One run. `generation`: "transformers" or "vllm" (the 0.5B model), or a real-shape leg ("smollm2-6", ...)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -127,24 +182,28 @@ def worker(side: str, generation: str, work: str) -> dict:
         from grpokit import GRPOConfig, GRPOTrainer
     else:
         from trl import GRPOConfig, GRPOTrainer
-    path = os.path.join(work, "model")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    real = generation in SMOLLM2_LEGS
+    path = os.path.join(work, "smollm2" if real else "model")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if real else torch.bfloat16)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path, padding_side="left")
-    with open(os.path.join(work, "prompts.json")) as f:
+    prompt_words = SMOLLM2_LEGS[generation] if real else PROMPT_WORDS
+    completions = SMOLLM2["completions"] if real else COMPLETIONS_PER_STEP
+    length = SMOLLM2["length"] if real else COMPLETION_LENGTH
+    with open(os.path.join(work, f"prompts-smollm2-{prompt_words}.json" if real else "prompts.json")) as f:
         prompts = json.load(f)
-    groups = COMPLETIONS_PER_STEP // NUM_GENERATIONS
+    groups = completions // NUM_GENERATIONS
     dataset = Dataset.from_dict({"prompt": prompts[: (WARMUP + STEPS) * groups]})
     vllm = generation == "vllm"
     values = dict(
         output_dir=os.path.join(work, f"out-{side}-{generation}"),
-        per_device_train_batch_size=COMPLETIONS_PER_STEP,
+        per_device_train_batch_size=completions,
         gradient_accumulation_steps=1,
         num_generations=NUM_GENERATIONS,
-        max_completion_length=COMPLETION_LENGTH,
-        generation_kwargs={"min_tokens" if vllm else "min_new_tokens": COMPLETION_LENGTH},
+        max_completion_length=length,
+        generation_kwargs={"min_tokens" if vllm else "min_new_tokens": length},
         beta=0.0,
         loss_type="dapo",
-        learning_rate=1e-6,
+        learning_rate=SMOLLM2["learning_rate"] if real else 1e-6,
         max_steps=WARMUP + STEPS,
         logging_steps=1,
         report_to="none",
@@ -196,7 +255,7 @@ def worker(side: str, generation: str, work: str) -> dict:
     measured = timer.steps[WARMUP:]
     median = {k: statistics.median(s.get(k, 0.0) for s in measured) for k in {k for s in measured for k in s}}
     config = model.config.to_dict()
-    _, training = bench_grpo.step_flops(config, PROMPT_WORDS, COMPLETION_LENGTH, groups, NUM_GENERATIONS, parts=True)
+    _, training = bench_grpo.step_flops(config, prompt_words, length, groups, NUM_GENERATIONS, parts=True)
     peak, peak_note = bf16_peak()
     train_seconds = median.get("logprobs", 0.0) + median.get("backward", 0.0) + median.get("optimizer", 0.0)
     return {
@@ -232,7 +291,8 @@ def run(work: str) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_vs_trl: no CUDA device (torch.cuda.is_available() is False); the runs need a GPU")
     results = []
-    for generation in ("transformers", "vllm"):
+    legs = os.environ.get("GPU_VS_TRL_LEGS", "qwen-transformers,qwen-vllm," + ",".join(SMOLLM2_LEGS)).split(",")
+    for generation in (leg.removeprefix("qwen-") for leg in legs):
         for side in ("grpokit", "trl"):
             out = os.path.join(work, f"{side}-{generation}.json")
             start = time.perf_counter()
@@ -268,7 +328,7 @@ def print_table(results: list[dict]) -> None:
     print("\n| generation | run | step s | " + " | ".join(phases) + " | tok/s | peak GPU GiB | MFU train |")
     print("|---" * (len(phases) + 6) + "|")
     by = {(r["generation"], r["side"]): r for r in results}
-    for generation in ("transformers", "vllm"):
+    for generation in dict.fromkeys(r["generation"] for r in results):
         for side in ("grpokit", "trl"):
             r = by.get((generation, side))
             if r is None:
@@ -294,7 +354,7 @@ def main() -> None:
     parser.add_argument("command", choices=["prepare", "run", "worker"])
     parser.add_argument("--work", required=True)
     parser.add_argument("--side", choices=["grpokit", "trl"])
-    parser.add_argument("--generation", choices=["transformers", "vllm"])
+    parser.add_argument("--generation", choices=["transformers", "vllm", *SMOLLM2_LEGS])
     parser.add_argument("--out")
     cli = parser.parse_args()
     if cli.command == "prepare":

@@ -153,3 +153,37 @@ def test_the_models_own_forward_for_what_the_step_does_not_follow(tiny_tokenizer
     lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
     assert "nn.Linear" in column.unsupported_reason(lora.get_base_model())
     assert isinstance(decoding.decode_step(lora), decoding._ModelDecodeStep)
+
+
+def test_under_bf16_autocast_the_step_reads_bf16_weights_and_follows_the_wrapped_forward(tiny_tokenizer):
+    """accelerate's mixed-precision wrapper on the model: refused outside autocast (the step would run in float32),
+    taken inside it, with every weight cast once when the step is built; logits as the wrapped forward's (bf16)."""
+    from accelerate import Accelerator
+
+    model = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(lively(build_model(tiny_tokenizer)))
+    assert "patched forward" in column.unsupported_reason(model)
+    torch.manual_seed(3)
+    prompts = torch.randint(2, model.config.vocab_size, (2, 9))
+    mask = torch.ones_like(prompts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert column.unsupported_reason(model) is None
+        cache, last = prefill(model, prompts, mask)
+        step = column.ColumnStep(model)
+        assert step.layers[0].qkv_weight.dtype == step.lm_head.weight.dtype == torch.bfloat16
+        assert model.lm_head.weight.dtype == torch.float32  # the model's own weights stay as they are
+        rows = torch.tensor([0, 0, 1, 1])
+        ours, theirs = buffered_cache(cache, rows, capacity=12), buffered_cache(cache, rows, capacity=12)
+        mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
+        tokens = torch.randint(2, model.config.vocab_size, (4,))
+        with torch.no_grad():
+            got = step(tokens, positions, mask, ours).float()
+            expected = model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=positions[:, None],
+                **cache_arg(model, theirs),
+                use_cache=True,
+            ).logits[:, -1]
+    # bf16 products: both round to 8 bits of mantissa, in slightly different places
+    assert torch.allclose(got, expected, atol=0.1 * expected.abs().max().item())
+    assert not torch.allclose(got, expected, atol=1e-6)  # computed in bf16 indeed, not float32

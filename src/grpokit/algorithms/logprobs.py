@@ -134,7 +134,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
             if need_hidden:
                 grad_hidden[chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_weight:
-                grad_weight += grad_logits.t() @ hidden[chunk].float()
+                grad_weight.addmm_(grad_logits.t(), hidden[chunk].float())  # in place: no (V, d) temporary
             if need_bias:
                 grad_bias += grad_logits.sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)

@@ -1,0 +1,56 @@
+"""Freed memory kept for reuse on CPU: glibc's thresholds raised once, the user's own malloc settings respected, and
+a large tensor freed and allocated again costs no new page faults (one fault per 4 KiB page without)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from grpokit.fastpath.allocator import user_chose_malloc_settings
+
+# Allocates, fills and frees a 64 MiB tensor ten times, then counts the minor page faults of doing it once more.
+# (The first few times the heap grows: torch asks for 64-byte aligned blocks, which a freed block of exactly the size
+# cannot serve, and small blocks allocated meanwhile split the free space; measured here, it settles after at most 6.)
+REUSE = """
+import resource, torch
+from grpokit.fastpath.allocator import keep_freed_memory
+print(keep_freed_memory())
+for _ in range(10):
+    resource.getrusage(resource.RUSAGE_SELF)
+    torch.ones(16 * 2**20)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(16 * 2**20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def faults_of_a_reused_tensor(env):
+    out = subprocess.run([sys.executable, "-c", REUSE], env=env, capture_output=True, text=True, check=True).stdout
+    applied, faults = out.split()
+    return applied == "True", int(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_freed_tensor_is_reused_without_page_faults(monkeypatch):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    kept, faults = faults_of_a_reused_tensor(env)
+    assert kept and faults < 200  # the heap block of the first tensor, reused
+    unchanged, faults = faults_of_a_reused_tensor({**env, "GRPOKIT_KEEP_FREED_MEMORY": "0"})
+    assert not unchanged
+    # glibc maps the 64 MiB block afresh and faults it in page by page: 16,384 pages of 4 KiB (fewer where
+    # transparent huge pages back it: 32 of 2 MiB).
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+        huge_pages = "[always]" in fh.read()
+    assert faults >= (32 if huge_pages else 16384)
+
+
+def test_the_users_own_malloc_settings_win():
+    assert user_chose_malloc_settings({}) is None
+    assert user_chose_malloc_settings({"PATH": "/bin", "GRPOKIT_KEEP_FREED_MEMORY": "1"}) is None
+    assert user_chose_malloc_settings({"MALLOC_ARENA_MAX": "2"}) == "MALLOC_ARENA_MAX"
+    assert user_chose_malloc_settings({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}) == "GLIBC_TUNABLES"
+    assert user_chose_malloc_settings({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == "LD_PRELOAD"
+    assert user_chose_malloc_settings({"LD_PRELOAD": "/usr/lib/libfoo.so"}) is None
+    assert user_chose_malloc_settings({"GRPOKIT_KEEP_FREED_MEMORY": "off"}) == "GRPOKIT_KEEP_FREED_MEMORY"
