@@ -300,3 +300,39 @@ def test_too_few_reward_processing_classes_match_trl_phrase(tiny_model, tiny_tok
         "got 1 reward_processing_classes for 2 reward functions: the counts must match; pass one per reward function "
         "(None for callables)"
     )
+
+
+# ------------------------------------------------------------------------------------------------ rollout_func dispatch
+
+
+def _trainer_by_hand():
+    """A trainer built as TRL 1.16's own `TestGRPORolloutDispatch` builds one: `object.__new__`, then only an
+    accelerator without `unwrap_model`, bare args, a model without a config, and a decoding processing class."""
+    from unittest.mock import MagicMock
+
+    trainer = object.__new__(GRPOTrainer)
+    trainer.accelerator = SimpleNamespace(device=torch.device("cpu"), is_main_process=True, gather=lambda t: t)
+    trainer.args = SimpleNamespace(report_to=[])
+    trainer.model = SimpleNamespace(training=True)
+    trainer.state = SimpleNamespace(global_step=2, num_input_tokens_seen=0)
+    trainer.processing_class = SimpleNamespace(batch_decode=MagicMock(return_value=["decoded"]))
+    trainer.tools = None
+    return trainer
+
+
+def test_rollout_func_is_dispatched_on_a_trainer_built_by_hand():
+    trainer = _trainer_by_hand()
+    calls = []
+    trainer.rollout_func = lambda prompts, owner: calls.append((prompts, owner)) or {
+        "prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [[-0.1]], "env_mask": [[1]],
+    }  # fmt: skip
+    result = trainer._generate(["prompt"])
+    assert (result[0], result[1], result[2], result[4]) == ([[1]], [[2]], [[1]], [[-0.1]])
+    assert calls == [(["prompt"], trainer)]
+
+
+def test_rollout_func_missing_keys_is_one_line_on_a_trainer_built_by_hand():
+    trainer = _trainer_by_hand()
+    trainer.rollout_func = lambda prompts, owner: {"prompt_ids": [[1]], "completion_ids": [[2]]}
+    with pytest.raises(ValueError, match=r"rollout_func must return keys \['logprobs'\]"):
+        trainer._generate(["prompt"])

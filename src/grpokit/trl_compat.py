@@ -307,9 +307,11 @@ class TRLCompatMixin:
             "tools/reset_failures": float(resets),
         }
 
-    def _custom_rollout(self, prompts: list, settings: RolloutSettings) -> tuple:
+    def _custom_rollout(self, prompts: list, mode: str) -> tuple:
         """TRL's `rollout_func(prompts, trainer)`: a dict with prompt_ids, completion_ids and logprobs (one entry per
-        prompt); `env_mask` becomes the tool mask; every other key goes to the reward functions as a column."""
+        prompt); `env_mask` becomes the tool mask; every other key goes to the reward functions as a column. The
+        round's settings are read only where the tool loop continues the turns (as TRL, which reads none here: its
+        own tests call this on a trainer built by hand, with no model config)."""
         output = self.rollout_func(prompts, self)
         if not isinstance(output, dict):
             raise ValueError(f"rollout_func must return a dict, got {type(output).__name__}")
@@ -331,14 +333,14 @@ class TRLCompatMixin:
                     raise ValueError(
                         f"rollout_func: logprobs of completion {i} has {len(lp)} values for {len(ids)} tokens"
                     )
-        if self.agent is not None:  # as TRL: the tool loop runs on the custom rollout's turns; env_mask is unused
+        if getattr(self, "agent", None) is not None:  # as TRL: the tool loop runs on the custom rollout's turns
             output = self.agent.continue_rollouts(
                 prompt_ids,
                 completion_ids,
                 logprobs,
                 tokenizer=self.processing_class,
                 generator=self.generator,
-                settings=settings,
+                settings=self._rollout_settings(mode),
                 dist=self._dist,
             )
             return (*output[:5], extra, None, [])
@@ -362,9 +364,9 @@ class TRLCompatMixin:
         token counts from what it returns, overridden or not.
         """
         mode = "train" if self.model.training else "eval"
-        settings = self._rollout_settings(mode)
         if self.rollout_func is not None:
-            return self._custom_rollout(prompts, settings)
+            return self._custom_rollout(prompts, mode)
+        settings = self._rollout_settings(mode)
         if self.agent is not None:
             return self.agent.generate(
                 prompts, tokenizer=self.processing_class, generator=self.generator, settings=settings, dist=self._dist

@@ -76,8 +76,8 @@ def linear_token_logps(
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head)."""
-    logits = hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())
-    return logits.float() / temperature
+    logits = (hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())).float()
+    return logits if temperature == 1.0 else logits.div_(temperature)  # a fresh tensor: in place, one pass less
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
@@ -129,8 +129,9 @@ class _LinearLogSoftmax(torch.autograd.Function):
                     None if grad_logps is None else grad_logps[chunk],
                     None if grad_entropies is None else grad_entropies[chunk],
                 )
-                / ctx.temperature
-            )  # (n, V) float32: d(loss)/d(untempered logits)
+            )  # (n, V) float32: d(loss)/d(tempered logits)
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)  # d(loss)/d(untempered logits)
             if need_hidden:
                 grad_hidden[chunk] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_weight:
@@ -152,7 +153,15 @@ def _chunk_grad_logits(logits, labels, log_norms, entropies, grad_logps, grad_en
     """d(loss)/d(logits) `(n, V)` of one chunk, given the upstream gradients of its log-probabilities and entropies.
 
     d log p_label / d z_j = 1[j = label] - p_j;   d H / d z_j = -p_j (log p_j + H).
+
+    `logits` (float32, recomputed for this call) are overwritten: without entropies the gradient is built in their
+    storage (three passes over `(n, V)`, no other tensor of that size); with entropies, a plain computation.
     """
+    if grad_entropies is None:
+        if grad_logps is None:
+            return logits.zero_()
+        grad = logits.sub_(log_norms.unsqueeze(-1)).exp_().mul_(-grad_logps.unsqueeze(-1))  # -g p
+        return grad.scatter_add_(-1, labels.unsqueeze(-1), grad_logps.unsqueeze(-1))  # + g at the label
     log_probs = logits - log_norms.unsqueeze(-1)
     probs = torch.exp(log_probs)
     grad = torch.zeros_like(logits)
