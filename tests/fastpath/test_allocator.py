@@ -54,3 +54,13 @@ def test_the_users_own_malloc_settings_win():
     assert user_chose_malloc_settings({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}) == "LD_PRELOAD"
     assert user_chose_malloc_settings({"LD_PRELOAD": "/usr/lib/libfoo.so"}) is None
     assert user_chose_malloc_settings({"GRPOKIT_KEEP_FREED_MEMORY": "off"}) == "GRPOKIT_KEEP_FREED_MEMORY"
+
+
+def test_bf16_units_are_read_from_cpuinfo():
+    from grpokit.fastpath.cpu import bf16_flags
+
+    amx = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+    assert bf16_flags(amx) == {"avx512_bf16", "amx_bf16"}
+    assert bf16_flags(avx2) == set() and bf16_flags(arm) == {"bf16"} and bf16_flags("") == set()

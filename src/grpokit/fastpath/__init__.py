@@ -4,7 +4,9 @@ forward computes, faster on a CPU.
 - `column_step.py`: one decode step as a short run of tensor operations (used by `generation.decoding`);
 - `kv_cache.py`: preallocated per-row KV buffers and prompts kept once per group while decoding;
 - `prefix_attention.py`: one-pass shared-prefix scoring, attention reading each prompt once per group (used by
-  `scoring.prefix`).
+  `scoring.prefix`);
+- `allocator.py`: freed memory kept for reuse instead of faulted in again every step (used by the trainer on CPU);
+- `cpu.py`: whether this CPU multiplies bfloat16 in hardware.
 
 Each path checks that it can follow the model exactly and steps aside otherwise (other architectures, hooks, PEFT
 layers where they matter, sharded parameters, non-CPU devices).

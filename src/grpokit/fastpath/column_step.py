@@ -83,13 +83,17 @@ def unsupported_reason(model) -> str | None:
 def _autocast_forward(model) -> bool:
     """Whether `model`'s forward is accelerate's mixed-precision wrapper (autocast around the original forward) and
     that autocast is on now (the trainer generates inside `accelerator.autocast()`), so that plain tensor code under
-    it computes what the wrapped forward computes."""
+    it computes what the wrapped forward computes; for bfloat16, only on a CPU with bfloat16 units (elsewhere the
+    wrapped forward runs, as before: a bfloat16 copy of the weights would only be slower)."""
+    from .cpu import has_bf16_units
+
     return (
         "forward" in model.__dict__
         and hasattr(model, "_original_forward")
         and not model._forward_hooks
         and not model._forward_pre_hooks
         and torch.is_autocast_enabled("cpu")
+        and (torch.get_autocast_dtype("cpu") != torch.bfloat16 or has_bf16_units())
     )
 
 
