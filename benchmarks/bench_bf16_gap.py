@@ -50,7 +50,10 @@ def main():
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(8)]
     completions = torch.tensor(trainer.generator.generate(prompt_ids).completion_ids)  # (16, 32): all forced to 32
     prompt = torch.tensor(prompt_ids)  # (16, 6): equal lengths, no padding
-    ids, mask = torch.cat([prompt, completions], 1), torch.ones(16, prompt.size(1) + completions.size(1), dtype=torch.long)
+    ids, mask = (
+        torch.cat([prompt, completions], 1),
+        torch.ones(16, prompt.size(1) + completions.size(1), dtype=torch.long),
+    )
     policy = trainer.accelerator.unwrap_model(trainer.model)
     length = completions.size(1)
 

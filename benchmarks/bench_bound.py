@@ -47,7 +47,9 @@ def bound(workload: bench_grpo.Workload, config: dict, peaks: dict, bandwidth: f
     rows, length = bench_grpo.COMPLETIONS_PER_STEP, bench_grpo.COMPLETION_LENGTH
     dtype = "bfloat16" if workload.bf16 else "float32"
     peak = peaks[dtype]
-    generation, training = bench_grpo.step_flops(config, workload.prompt_tokens, length, groups, rows // groups, parts=True)
+    generation, training = bench_grpo.step_flops(
+        config, workload.prompt_tokens, length, groups, rows // groups, parts=True
+    )
     d, layers, ff, vocab = (config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
     head_dim = config.get("head_dim") or d // config["num_attention_heads"]
     kv = config["num_key_value_heads"] * head_dim
@@ -89,8 +91,10 @@ def main():
     if cli.results:
         with open(cli.results) as fh:
             summary = json.load(fh)["summary"]
-    print("| workload | bound: generation s | training s | step s | decode | run | measured: generation s | "
-          "logprobs + backward s | step s | step / bound |")
+    print(
+        "| workload | bound: generation s | training s | step s | decode | run | measured: generation s | "
+        "logprobs + backward s | step s | step / bound |"
+    )
     print("|---" * 10 + "|")
     for name in cli.workloads.split(","):
         b = bound(bench_grpo.WORKLOADS[name], config, peaks, bandwidth)

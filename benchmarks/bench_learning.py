@@ -93,7 +93,9 @@ def train_worker(side: str, model_dir: str, train_file: str, held_out_file: str,
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
-                log.append({"step": state.global_step, "reward": logs["reward"], "seconds": time.perf_counter() - self.start})
+                log.append(
+                    {"step": state.global_step, "reward": logs["reward"], "seconds": time.perf_counter() - self.start}
+                )
 
     def sum_reward(completions, answer, **kwargs):  # the demo's reward, under the name both sides log
         return task.sum_reward(completions, answer)
@@ -235,7 +237,11 @@ def main():
         for seed in (int(s) for s in cli.seeds.split(",")):
             for side, python in sides:
                 args = dict(
-                    model_dir=str(model_dir), train_file=train_file, held_out_file=held_out_file, seed=seed, steps=cli.steps
+                    model_dir=str(model_dir),
+                    train_file=train_file,
+                    held_out_file=held_out_file,
+                    seed=seed,
+                    steps=cli.steps,
                 )
                 run = bench_grpo.run_worker(python, ["--worker", side, "--args", json.dumps(args)], script=__file__)
                 print(

@@ -23,6 +23,18 @@ def tiny_model(tiny_tokenizer):
     return build_model(tiny_tokenizer)
 
 
+@pytest.fixture
+def bf16_accelerator():
+    """An `Accelerator(cpu=True, mixed_precision="bf16")`, whatever accelerator state earlier tests left (accelerate
+    keeps one per process and refuses another mixed precision), and that state cleared again afterwards."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    yield Accelerator(cpu=True, mixed_precision="bf16")
+    AcceleratorState._reset_state()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny model + tokenizer saved on disk, usable as `model_name_or_path`."""

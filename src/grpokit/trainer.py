@@ -27,7 +27,7 @@ from accelerate.utils import set_seed as set_process_seed
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpoints, models, vision
+from . import checkpoints, fastpath, models, vision
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
@@ -37,7 +37,6 @@ from .config.redaction import hidden_secrets
 from .config.rules import vllm_mode_warnings
 from .dist import AcceleratorCollective, leave_process_group_at_exit
 from .generation import build_generator
-from .fastpath.allocator import keep_freed_memory
 from .generation.push import WeightPushes
 from .metrics import MetricBuffers
 from .nan_guard import NaNGuard, refuse_nonfinite_weights
@@ -178,8 +177,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._dist = AcceleratorCollective(self.accelerator)
         if self._dist.num_processes > 1:
             leave_process_group_at_exit()  # see grpokit.dist: a script's process must not abort at exit
-        if self.accelerator.device.type == "cpu":
-            keep_freed_memory()  # large tensors reused from the heap, not faulted in again each step (see there)
+        fastpath.keep_freed_memory(self.accelerator.device)  # CPU: big tensors reused, not faulted in again each step
         self._step = 0  # micro-steps taken, including those inside one accumulation window
         self._buffered_inputs = None  # the micro-batches of the current generation round
         self._step_time = 0.0  # seconds spent in the micro-steps of the current optimizer step
@@ -202,8 +200,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             self._dynamic_sampling = dynamic.build(
                 args, self.train_dataset, settings, dist=self._dist, pad_token_id=pad_id, collate=collate, warn=warn
             )
-        # The NaN guard (see grpokit.nan_guard). DeepSpeed steps the optimizer inside backward, before the guard's
-        # hook could skip it: there the guard is off (save_model still refuses non-finite weights).
+        # The NaN guard (grpokit.nan_guard); off under DeepSpeed, which steps inside backward (save_model still checks)
         self._nan_guard = None
         if self.is_deepspeed_enabled:
             logger.warning(

@@ -155,15 +155,15 @@ def test_the_models_own_forward_for_what_the_step_does_not_follow(tiny_tokenizer
     assert isinstance(decoding.decode_step(lora), decoding._ModelDecodeStep)
 
 
-def test_under_bf16_autocast_the_step_reads_bf16_weights_and_follows_the_wrapped_forward(tiny_tokenizer, monkeypatch):
+def test_under_bf16_autocast_the_step_reads_bf16_weights_and_follows_the_wrapped_forward(
+    tiny_tokenizer, monkeypatch, bf16_accelerator
+):
     """accelerate's mixed-precision wrapper on the model: refused outside autocast (the step would run in float32),
     taken inside it on a CPU with bf16 units, with every weight cast once when the step is built; logits as the
     wrapped forward's (bf16). On a CPU without bf16 units the wrapped forward runs, as before."""
-    from accelerate import Accelerator
-
     import grpokit.fastpath.cpu as cpu
 
-    model = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(lively(build_model(tiny_tokenizer)))
+    model = bf16_accelerator.prepare_model(lively(build_model(tiny_tokenizer)))
     assert "patched forward" in column.unsupported_reason(model)
     torch.manual_seed(3)
     prompts = torch.randint(2, model.config.vocab_size, (2, 9))

@@ -206,15 +206,13 @@ def test_router_loss_uses_the_plain_pass(tiny_model, monkeypatch):
     assert calls == [6, 6]  # without the router loss: the shared-prefix pass
 
 
-def test_shared_prefix_under_bf16_autocast(tiny_tokenizer):
+def test_shared_prefix_under_bf16_autocast(tiny_tokenizer, bf16_accelerator):
     """Mixed precision (accelerate's autocast wrapper, as `bf16=True` trains on CPU): the numerical check allows bf16
     rounding, so the shared-prefix pass still serves, and its log-probabilities follow the plain pass's."""
-    from accelerate import Accelerator
-
     from grpokit.scoring.prefix import _VERIFIED
     from grpokit.tiny import build_model
 
-    model = Accelerator(cpu=True, mixed_precision="bf16").prepare_model(build_model(tiny_tokenizer))
+    model = bf16_accelerator.prepare_model(build_model(tiny_tokenizer))
     ids, mask, completion_mask = grpo_batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert shared_prefix_model(model) is model and _VERIFIED[model]

@@ -120,15 +120,13 @@ class _LinearLogSoftmax(torch.autograd.Function):
             device, dtype, enabled = ctx.autocast
             with torch.autocast(device, dtype=dtype, enabled=enabled):
                 logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature)
-            grad_logits = (
-                _chunk_grad_logits(
-                    logits,
-                    labels[chunk],
-                    log_norms[chunk],
-                    entropies[chunk] if grad_entropies is not None else None,
-                    None if grad_logps is None else grad_logps[chunk],
-                    None if grad_entropies is None else grad_entropies[chunk],
-                )
+            grad_logits = _chunk_grad_logits(
+                logits,
+                labels[chunk],
+                log_norms[chunk],
+                entropies[chunk] if grad_entropies is not None else None,
+                None if grad_logps is None else grad_logps[chunk],
+                None if grad_entropies is None else grad_entropies[chunk],
             )  # (n, V) float32: d(loss)/d(tempered logits)
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)  # d(loss)/d(untempered logits)

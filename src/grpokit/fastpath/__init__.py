@@ -11,3 +11,7 @@ forward computes, faster on a CPU.
 Each path checks that it can follow the model exactly and steps aside otherwise (other architectures, hooks, PEFT
 layers where they matter, sharded parameters, non-CPU devices).
 """
+
+from .allocator import keep_freed_memory
+
+__all__ = ["keep_freed_memory"]

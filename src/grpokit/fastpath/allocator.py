@@ -24,6 +24,8 @@ import logging
 import os
 import sys
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 # mallopt parameters (malloc.h)
@@ -40,14 +42,21 @@ def user_chose_malloc_settings(environ=os.environ) -> str | None:
     if environ.get("GRPOKIT_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
         return "GRPOKIT_KEEP_FREED_MEMORY"
     for name in environ:
-        if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES" or (name == "LD_PRELOAD" and "malloc" in environ[name]):
+        if (
+            name.startswith("MALLOC_")
+            or name == "GLIBC_TUNABLES"
+            or (name == "LD_PRELOAD" and "malloc" in environ[name])
+        ):
             return name
     return None
 
 
-def keep_freed_memory() -> bool:
-    """Raise glibc malloc's mmap and trim thresholds to `THRESHOLD` (once per process); True when they are set."""
+def keep_freed_memory(device=None) -> bool:
+    """Raise glibc malloc's mmap and trim thresholds to `THRESHOLD` (once per process); True when they are set.
+    `device`: where the model trains; nothing is done for any other than the CPU."""
     global _applied
+    if device is not None and torch.device(device).type != "cpu":
+        return False
     if _applied is not None:
         return _applied
     _applied = False
@@ -59,7 +68,8 @@ def keep_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # glibc only (musl has no mallopt thresholds)
+        if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (musl has no mallopt thresholds)
+            return False
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

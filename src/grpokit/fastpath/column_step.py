@@ -144,7 +144,9 @@ class _Layer:
         self.q_size, self.kv_size = attn.q_proj.out_features, attn.k_proj.out_features
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.o_proj = _Linear(attn.o_proj, dtype)
-        self.gate_proj, self.up_proj, self.down_proj = (_Linear(m, dtype) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.gate_proj, self.up_proj, self.down_proj = (
+            _Linear(m, dtype) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        )
         self.act = mlp.act_fn
 
 
