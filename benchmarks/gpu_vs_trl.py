@@ -59,84 +59,53 @@ SMOLLM2_LEGS = {"smollm2-6": 6, "smollm2-128": 128}
 SMOLLM2 = dict(completions=16, length=32, learning_rate=1e-5)
 
 
-def prepare_smollm2(work: str) -> None:
-    """A random-init model with SmolLM2-135M-Instruct's shape (float32) and a 49,152-word tokenizer, work/smollm2;
-    prompts of 6 and 128 words in work/prompts-smollm2-{6,128}.json."""
+def save_random_model(path: str, architecture: str, vocab: int, dtype: str, **shape) -> None:
+    """A random-init causal LM (`architecture`: "llama" or "qwen2") of `shape`, in `dtype`, with a `vocab`-word
+    tokenizer built offline, saved under `path` (skipped when already there)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from grpokit.tiny import build_word_tokenizer
 
-    path = os.path.join(work, "smollm2")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        tokenizer = build_word_tokenizer(49152)
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-            rope_theta=100000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        print(f"model: {path}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, float32")
-    rng = random.Random(0)
-    for words in SMOLLM2_LEGS.values():
-        prompts = [" ".join(f"w{rng.randrange(49000)}" for _ in range(words)) for _ in range(256)]
-        with open(os.path.join(work, f"prompts-smollm2-{words}.json"), "w") as f:
-            json.dump(prompts, f)
-
-
-def prepare(work: str) -> None:
-    """Model (random init, Qwen2.5-0.5B's shape) and tokenizer under work/model; prompts in work/prompts.json; the
-    real-shape legs' model and prompts (`prepare_smollm2`)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from grpokit.tiny import build_word_tokenizer
-
-    prepare_smollm2(work)
-    path = os.path.join(work, "model")
     if os.path.exists(os.path.join(path, "config.json")):
         print(f"model: {path} (already built)")
         return
-    tokenizer = build_word_tokenizer(151936)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=True,
-    )
+    tokenizer = build_word_tokenizer(vocab)
+    ids = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id") for t in ("pad", "eos", "bos")}
+    config = AutoConfig.for_model(architecture, vocab_size=len(tokenizer), tie_word_embeddings=True, **ids, **shape)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    print(f"model: {path}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {dtype}")
+
+
+def write_prompts(path: str, words: int, count: int, vocab: int) -> None:
     rng = random.Random(0)
-    prompts = [" ".join(f"w{rng.randrange(150000)}" for _ in range(PROMPT_WORDS)) for _ in range(512)]
-    with open(os.path.join(work, "prompts.json"), "w") as f:
-        json.dump(prompts, f)
-    print(f"model: {path}, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, bf16")
+    with open(path, "w") as f:
+        json.dump([" ".join(f"w{rng.randrange(vocab)}" for _ in range(words)) for _ in range(count)], f)
+
+
+def prepare_smollm2(work: str) -> None:
+    """A random-init model with SmolLM2-135M-Instruct's shape (float32) and a 49,152-word tokenizer, work/smollm2;
+    prompts of 6 and 128 words in work/prompts-smollm2-{6,128}.json."""
+    shape = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9)
+    shape.update(num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5)
+    save_random_model(os.path.join(work, "smollm2"), "llama", 49152, "float32", **shape)
+    for words in SMOLLM2_LEGS.values():
+        write_prompts(os.path.join(work, f"prompts-smollm2-{words}.json"), words, 256, 49000)
+
+
+def prepare(work: str) -> None:
+    """Model (random init, Qwen2.5-0.5B's shape, bf16) and tokenizer under work/model; prompts in work/prompts.json;
+    the real-shape legs' model and prompts (`prepare_smollm2`)."""
+    prepare_smollm2(work)
+    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14)
+    shape.update(num_key_value_heads=2, max_position_embeddings=1024)
+    save_random_model(os.path.join(work, "model"), "qwen2", 151936, "bfloat16", **shape)
+    write_prompts(os.path.join(work, "prompts.json"), PROMPT_WORDS, 512, 150000)
 
 
 def synced(owner, attribute: str) -> None:
