@@ -52,6 +52,17 @@ def cache_arg(model, cache):
     return {cache_kwarg(model.forward): cache}
 
 
+def model_step(model, tokens, positions, mask, cache):
+    """The model's own next-token logits `(n, V)` for one new token per row, appending to `cache`."""
+    return model(
+        input_ids=tokens[:, None],
+        attention_mask=mask,
+        position_ids=positions[:, None],
+        **cache_arg(model, cache),
+        use_cache=True,
+    ).logits[:, -1]
+
+
 def prefill(model, ids, mask):
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
@@ -81,13 +92,7 @@ def test_logits_equal_the_models_step_after_step(tiny_tokenizer, arch, grouped):
         for _ in range(4):
             mask, positions = torch.nn.functional.pad(mask, (0, 1), value=1), positions + 1
             got = step(tokens, positions, mask, ours)
-            expected = model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=positions[:, None],
-                **cache_arg(model, theirs),
-                use_cache=True,
-            ).logits[:, -1]
+            expected = model_step(model, tokens, positions, mask, theirs)
             assert got.shape == expected.shape == (6, vocab)
             assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
             assert expected.std() > 1  # logits that tell tokens apart
@@ -183,13 +188,7 @@ def test_under_bf16_autocast_the_step_reads_bf16_weights_and_follows_the_wrapped
         tokens = torch.randint(2, model.config.vocab_size, (4,))
         with torch.no_grad():
             got = step(tokens, positions, mask, ours).float()
-            expected = model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=positions[:, None],
-                **cache_arg(model, theirs),
-                use_cache=True,
-            ).logits[:, -1]
+            expected = model_step(model, tokens, positions, mask, theirs)
     # bf16 products: both round to 8 bits of mantissa, in slightly different places
     assert torch.allclose(got, expected, atol=0.1 * expected.abs().max().item())
     assert not torch.allclose(got, expected, atol=1e-6)  # computed in bf16 indeed, not float32
