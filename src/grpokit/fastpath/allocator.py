@@ -14,7 +14,8 @@ it ends. This is what allocators such as jemalloc or tcmalloc (the usual advice 
 PyTorch guides) do by design.
 
 It runs only on Linux with glibc, and never when the user chose malloc settings themselves: any `MALLOC_*`
-environment variable or `GLIBC_TUNABLES`, or `GRPOKIT_KEEP_FREED_MEMORY=0`.
+environment variable, `GLIBC_TUNABLES`, an allocator in `LD_PRELOAD` (jemalloc, tcmalloc), or
+`GRPOKIT_KEEP_FREED_MEMORY=0`.
 """
 
 from __future__ import annotations
