@@ -8,18 +8,21 @@ import pytest
 
 from grpokit.fastpath.allocator import user_chose_malloc_settings
 
-# Allocates, fills and frees a 64 MiB tensor ten times, then counts the minor page faults of doing it once more.
+# Allocates, fills and frees a 64 MiB tensor 20 times, then counts the minor page faults of doing it 5 times more.
 # (The first few times the heap grows: torch asks for 64-byte aligned blocks, which a freed block of exactly the size
-# cannot serve, and small blocks allocated meanwhile split the free space; measured here, it settles after at most 6.)
+# cannot serve, and small blocks allocated meanwhile split the free space; measured here, it settled after 5 to 8
+# times in every run.)
 REUSE = """
 import resource, torch
 from grpokit.fastpath.allocator import keep_freed_memory
 print(keep_freed_memory())
-for _ in range(10):
+for _ in range(20):
     resource.getrusage(resource.RUSAGE_SELF)
     torch.ones(16 * 2**20)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-torch.ones(16 * 2**20)
+for _ in range(5):
+    resource.getrusage(resource.RUSAGE_SELF)
+    torch.ones(16 * 2**20)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -36,17 +39,17 @@ def test_a_freed_tensor_is_reused_without_page_faults(monkeypatch):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     kept, faults = faults_of_a_reused_tensor(env)
-    assert kept and faults < 200  # the heap block of the first tensor, reused
+    assert kept and faults < 1000  # heap blocks of the earlier tensors, reused
     unchanged, faults = faults_of_a_reused_tensor({**env, "GRPOKIT_KEEP_FREED_MEMORY": "0"})
     assert not unchanged
-    # glibc maps the 64 MiB block afresh and faults it in page by page: 16,384 pages of 4 KiB (fewer where
-    # transparent huge pages back it: 32 of 2 MiB).
+    # glibc maps each 64 MiB block afresh and faults it in page by page: 5 x 16,384 pages of 4 KiB (fewer where
+    # transparent huge pages back them: 5 x 32 of 2 MiB).
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
             huge_pages = "[always]" in fh.read()
     except OSError:  # a kernel without transparent huge pages
         huge_pages = False
-    assert faults >= (32 if huge_pages else 16384)
+    assert faults >= 5 * (32 if huge_pages else 16384)
 
 
 def test_the_users_own_malloc_settings_win():
