@@ -484,3 +484,117 @@ def test_max_inflight_tasks_with_tools_is_refused(tmp_path, tiny_model, tiny_tok
             processing_class=tiny_tokenizer,
             tools=[lookup],
         )
+
+
+def test_rewards_read_extra_columns_under_trls_remove_unused_columns(tmp_path, tiny_model, tiny_tokenizer):
+    """remove_unused_columns is True by default, as TRL's async config; a reward reading the dataset's `answer` column
+    still gets each prompt's own value, row by row (the worker reads whole rows)."""
+    from datasets import Dataset
+
+    answers = {prompt: f"answer-{i}" for i, prompt in enumerate(PROMPTS)}
+    seen = []
+
+    def reward_from_answer(prompts, completions, answer, **kwargs):
+        seen.extend(zip(prompts, answer, strict=True))
+        return [float(len(a)) for a in answer]
+
+    dataset = Dataset.from_dict({"prompt": PROMPTS, "answer": [answers[p] for p in PROMPTS]})
+    args = make_config(tmp_path, max_steps=2)
+    assert args.remove_unused_columns is True
+    trainer = AsyncGRPOTrainer(
+        tiny_model, reward_funcs=reward_from_answer, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(seen) >= 8  # two steps of 4 completions at least
+    assert all(answer == answers[prompt] for prompt, answer in seen)
+
+
+def test_a_weight_push_that_stops_answering_fails_at_weight_sync_timeout(
+    tmp_path, tiny_model, tiny_tokenizer, dataset
+):
+    """The transfer answers the first three pushes (versions 1-3, at train start and after steps 1 and 2) and hangs on
+    the fourth, after step 3: the run stops about weight_sync_timeout later with one line naming the target and the
+    version, the checkpoints of steps 1 and 2 intact, the stuck transfer not waited for at shutdown."""
+    import json
+    import threading
+    import time
+
+    from grpokit.experimental.async_grpo.trainer import WeightSyncError
+
+    calls, release = [], threading.Event()
+    prompt = tiny_tokenizer("ab")["input_ids"]
+
+    class HangingTransfer(StubTransfer):
+        def send_weights(self, iterator):
+            super().send_weights(iterator)
+            if self.calls.count("pause") == 4:
+                release.wait(60)  # a server that stopped answering mid-push
+
+        def destroy(self):
+            release.wait(60)  # a shutdown stuck behind the push
+
+    def batch(version):
+        return [
+            sample(
+                prompt, [10 + i, 11], version=version, group=version, advantage=(-1.0) ** i, sampler_logps=[-4.0] * 2
+            )
+            for i in range(4)
+        ]
+
+    args = make_config(tmp_path, max_steps=5, weight_sync_timeout=2, save_strategy="steps", save_steps=1)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_worker=StubWorker(batch, calls),
+        weight_transfer=HangingTransfer(calls),
+    )
+    start = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError) as caught:
+            trainer.train()
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == (
+        "the weight sync of version 4 to the weight transfer HangingTransfer did not finish within "
+        "weight_sync_timeout=2s"
+    )
+    assert 2 <= elapsed < 2 + 10 + 20  # the timeout, the shutdown's 10 s bound, three tiny steps
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    state = json.loads((out / "checkpoint-2" / "async_rollout_state.json").read_text())
+    assert state["model_version"] == 3
+    assert (out / "checkpoint-2" / "model.safetensors").is_file()
+    assert "version 4" not in calls and trainer.state.global_step == 3
+
+
+def test_a_weight_push_that_raises_is_one_line_naming_the_version(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    from grpokit.experimental.async_grpo.trainer import WeightSyncError
+
+    class BrokenTransfer(StubTransfer):
+        def send_weights(self, iterator):
+            raise ConnectionResetError("peer gone\nmid-push")
+
+    prompt = tiny_tokenizer("ab")["input_ids"]
+    batch = lambda version: [  # noqa: E731
+        sample(prompt, [10, 11], version=version, group=0, advantage=1.0, sampler_logps=[-4.0] * 2)
+    ]
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        args=make_config(tmp_path, max_steps=2),
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_worker=StubWorker(batch, []),
+        weight_transfer=BrokenTransfer([]),
+    )
+    with pytest.raises(WeightSyncError) as caught:
+        trainer.train()
+    assert str(caught.value) == (
+        "the weight sync of version 1 to the weight transfer BrokenTransfer failed: ConnectionResetError: peer gone "
+        "mid-push"
+    )

@@ -341,8 +341,10 @@ class VLLMServerGenerator:
             from .vllm_gloo import GlooTrainerInitInfo, register
 
             register()
+            # The group's collectives give up when the push may (weight_sync_timeout), on both sides.
+            timeout = {"timeout_s": float(self.weight_timeout)} if self.weight_timeout else {}
             init_info = GlooTrainerInitInfo(
-                master_address=host, master_port=self.group_port, world_size=self.world_size + 1, rank=0
+                master_address=host, master_port=self.group_port, world_size=self.world_size + 1, rank=0, **timeout
             )
         elif self.backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo

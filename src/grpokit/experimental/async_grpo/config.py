@@ -33,6 +33,14 @@ class AsyncGRPOConfig(GRPOConfig):
             "come from the checkpoint's rollout state (async_rollout_state.json)."
         },
     )
+    remove_unused_columns: bool | None = field(
+        default=True,
+        metadata={
+            "help": "As TRL's asynchronous trainer: true. The rollout worker reads the prompts' rows whole, so reward "
+            "functions still receive every dataset column (e.g. `solution`); only the trainer's own batches drop "
+            "what the model does not take."
+        },
+    )
     max_completion_length: int | None = field(
         default=2048,
         metadata={"help": "Maximum number of tokens generated per completion."},

@@ -40,12 +40,16 @@ from grpokit.trainer import GRPOTrainer
 from .accounting import SamplerDistance, StepClock, batch_metrics, padded_positions
 from .config import AsyncGRPOConfig
 from .samples import RolloutSample, check_plugged, drain, reduce_window, rollout_of, split
-from .transfer import LocalSampler, LocalWeightTransfer, ServerWeightTransfer
+from .transfer import LocalSampler, LocalWeightTransfer, ServerWeightTransfer, SyncDeadline, transfer_target
 from .worker import AsyncRolloutWorker, PromptOrder
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "async_rollout_state.json"
+
+
+class WeightSyncError(RuntimeError):
+    """A weight push to the generator failed or outlasted `weight_sync_timeout`."""
 
 
 class AsyncGRPOTrainer(GRPOTrainer):
@@ -127,6 +131,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         self._sync_base = None  # (global step, version) right after the first sync of this train() call
         self._resume_state = None  # the rollout state read from the checkpoint resumed from
         self._wait_s = 0.0
+        self._sync_failed = False  # a weight push failed or timed out: the transfer may be stuck
         self._span_end = None  # the version right after the worker's last generation, when weights can change under it
         self.rollout_worker = self.weight_transfer = self.rollout_queue = None
         self._loss_step_correction = SamplerDistance(self._dist, self._metrics)  # also TRL's `ratio` and `kl`
@@ -458,24 +463,35 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     def _sync_weights(self) -> None:
         """Push the policy to the generator and move the version on (TRL's order: pause, barrier, send, barrier,
-        resume, version + 1)."""
+        resume, version + 1). The main process's pause and send share `weight_sync_timeout`; a push that fails or
+        outlasts it stops every process with one line naming the target and the version (checkpoints already saved
+        are kept: the push comes before the step's own save)."""
         main, transfer = self.accelerator.is_main_process, self.weight_transfer
+        version = self.model_version + 1
+        deadline = SyncDeadline(
+            self.args.weight_sync_timeout, f"the weight sync of version {version} to {transfer_target(transfer)}"
+        )
+        error = None
         start = time.time()
         if main and transfer is not None:
-            transfer.pause()
+            error = deadline.run(transfer.pause)
         paused = time.time()
         self.accelerator.wait_for_everyone()
         gathered = time.time()
         model = self.accelerator.unwrap_model(self.model)
         with sharding.full_parameters(model):  # ZeRO-3 / FSDP2: every process gathers, the main one sends
-            if main and transfer is not None:
-                transfer.send_weights((name, p.detach()) for name, p in model.named_parameters())
+            if main and transfer is not None and error is None:
+                pairs = [(name, p.detach()) for name, p in model.named_parameters()]
+                error = deadline.run(lambda: transfer.send_weights(iter(pairs)))
         sent = time.time()
-        self.accelerator.wait_for_everyone()
+        error = self._dist.broadcast_object(error)  # also the barrier after the send
+        if error is not None:
+            self._sync_failed = True
+            raise WeightSyncError(error)
         if main:
             if transfer is not None:
                 transfer.resume()
-            self.model_version += 1
+            self.model_version = version
             if self.rollout_worker is not None:
                 self.rollout_worker.update_model_version(self.model_version)
         metrics = self._metrics["train"]
@@ -490,7 +506,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if self.rollout_worker is not None:
             self.rollout_worker.stop()
         if self.weight_transfer is not None:
-            self.weight_transfer.destroy()
+            if not self._sync_failed:
+                self.weight_transfer.destroy()
+            elif reason := SyncDeadline(10.0, "closing the weight transfer").run(self.weight_transfer.destroy):
+                logger.warning(f"after the failed weight sync, {reason}")
 
     # -- logging, checkpoints ----------------------------------------------------------------------------------
 

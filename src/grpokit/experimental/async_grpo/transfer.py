@@ -9,6 +9,10 @@ trainer pushes it), then resumes it.
 `LocalSampler` generates with transformers from a copy of the policy and scores what it sampled under that copy, so
 its samples carry the sampler's log-probabilities as vLLM's do. `LocalWeightTransfer` copies the trainer's weights
 into it between two generation calls (pause waits for the one in progress: no completion spans two versions there).
+
+`SyncDeadline` bounds a weight sync by `weight_sync_timeout`: each of the transfer's calls runs in a thread the
+trainer stops waiting for at the deadline, so a push to a server that stopped answering mid-push (or a gloo peer that
+is gone) ends as one line, whatever the transfer (plugged ones included).
 """
 
 from __future__ import annotations
@@ -16,12 +20,50 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import torch
 
 from grpokit.generation import Generated, pad
 from grpokit.scoring import score_tokens
+
+
+class SyncDeadline:
+    """The deadline of one weight sync: `seconds` from now (None or <= 0: none). `run(call)` returns None when
+    `call()` finished in time, else the one-line reason (`call` raised, or the deadline passed; the stuck call is left
+    to its daemon thread)."""
+
+    def __init__(self, seconds: float | None, what: str):
+        self.what = what
+        self.seconds = seconds if seconds is not None and seconds > 0 else None
+        self.end = None if self.seconds is None else time.monotonic() + self.seconds
+
+    def run(self, call: Callable[[], object]) -> str | None:
+        outcome: list = []
+
+        def target():
+            try:
+                call()
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - reported in the trainer's thread
+                outcome.append(" ".join(f"{type(exc).__name__}: {exc}".split()))
+
+        thread = threading.Thread(target=target, name="grpokit-weight-sync", daemon=True)
+        thread.start()
+        thread.join(None if self.end is None else max(self.end - time.monotonic(), 0.0))
+        if thread.is_alive():
+            return f"{self.what} did not finish within weight_sync_timeout={self.seconds:g}s"
+        return outcome[0] and f"{self.what} failed: {outcome[0]}"
+
+
+def transfer_target(transfer) -> str:
+    """What a weight push goes to, for its error lines."""
+    if isinstance(transfer, ServerWeightTransfer):
+        return f"the vLLM server at {transfer.generator.base_url}"
+    if isinstance(transfer, LocalWeightTransfer):
+        return "the rollout worker's copy of the policy"
+    return f"the weight transfer {type(transfer).__name__}"
 
 
 class ServerWeightTransfer:
