@@ -307,7 +307,7 @@ class TRLCompatMixin:
             "tools/reset_failures": float(resets),
         }
 
-    def _custom_rollout(self, prompts: list, mode: str) -> tuple:
+    def _custom_rollout(self, prompts: list, mode: str, dist=None) -> tuple:
         """TRL's `rollout_func(prompts, trainer)`: a dict with prompt_ids, completion_ids and logprobs (one entry per
         prompt); `env_mask` becomes the tool mask; every other key goes to the reward functions as a column. The
         round's settings are read only where the tool loop continues the turns (as TRL, which reads none here: its
@@ -341,7 +341,7 @@ class TRLCompatMixin:
                 tokenizer=self.processing_class,
                 generator=self.generator,
                 settings=self._rollout_settings(mode),
-                dist=self._dist,
+                dist=self._dist if dist is None else dist,
             )
             return (*output[:5], extra, None, [])
         completions = decode_completions(

@@ -71,3 +71,20 @@ def test_two_processes_train_their_halves_of_each_batch(tmp_path, engine):
         for row in ranks[0]["logs"]:
             assert abs(row["sampling/importance_sampling_ratio/min"] - 1) < 1e-4
             assert abs(row["sampling/importance_sampling_ratio/max"] - 1) < 1e-4
+
+
+def test_environments_with_two_processes(tmp_path):
+    """environment_factory under DDP: rank 0's worker runs the environments of every row of a generation batch (both
+    processes' halves: 4 rows, 4 instances, the factory's probe one of them, pooled across steps), rank 1 only its
+    probe; the environments' rewards (rows
+    0..3 add 1..4: mean 2.5) reach both ranks' batches; the worker's tool metrics are the main process's."""
+    command, env = two_cpu_processes(f"{HERE}/_async_env_worker.py", str(tmp_path))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in ranks:
+        assert rank["distributed_type"] == "DistributedType.MULTI_CPU" and rank["num_processes"] == 2
+        assert rank["steps"] == 2
+        assert [row["rewards/Counter/mean"] for row in rank["logs"]] == [2.5, 2.5]
+    assert [row["tools/call_frequency"] for row in ranks[0]["logs"]] == [1.0, 1.0]
+    assert [rank["environments_made"] for rank in ranks] == [4, 1]

@@ -598,3 +598,161 @@ def test_a_weight_push_that_raises_is_one_line_naming_the_version(tmp_path, tiny
         "the weight sync of version 1 to the weight transfer BrokenTransfer failed: ConnectionResetError: peer gone "
         "mid-push"
     )
+
+
+def _taken_prompts(trainer):
+    """Wrap the trainer's queue reads: every sample it trains, in order."""
+    taken, take = [], trainer._take_samples
+
+    def recording(count):
+        samples = take(count)
+        taken.extend(samples)
+        return samples
+
+    trainer._take_samples = recording
+    return taken
+
+
+def test_dynamic_sampling_drops_groups_that_teach_nothing_and_refills(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """Prompts of even length get the same reward on every completion (std 0: dropped), the others a reward that
+    varies with the completion: only odd-length prompts are trained, every batch full, the drops counted."""
+
+    def reward(prompts, completions, **kwargs):
+        return [1.0 if len(p) % 2 == 0 else text_reward([c])[0] for p, c in zip(prompts, completions, strict=True)]
+
+    args = make_config(tmp_path, max_steps=3, dynamic_sampling=True, dynamic_sampling_max_rounds=20, num_generations=4)
+    trainer = AsyncGRPOTrainer(
+        tiny_model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    taken = _taken_prompts(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert len(taken) == 12  # 3 steps x 4 completions
+    odd = {p for p in PROMPTS if len(p) % 2}
+    assert {s.prompt for s in taken} <= odd
+    groups = {}
+    for s in taken:
+        groups.setdefault(s.group_id, []).append(s.metrics["reward"])
+    assert all(len(set(rewards)) > 1 for rewards in groups.values())  # every trained group's rewards differ
+    logged = [row for row in trainer.state.log_history if "dynamic_sampling/groups_dropped" in row]
+    assert logged and sum(row["dynamic_sampling/groups_dropped"] for row in logged) > 0
+    assert not any(row.get("dynamic_sampling/groups_filled_total") for row in trainer.state.log_history)
+
+
+def test_dynamic_sampling_fills_at_the_cap_with_advantage_zero(tmp_path, tiny_model, tiny_tokenizer, dataset, caplog):
+    """Every group scores alike: after dynamic_sampling_max_rounds=1 extra round each batch is completed with the
+    groups set aside, at advantage 0, with a warning; the run still ends at max_steps."""
+
+    def constant(prompts, completions, **kwargs):
+        return [0.5] * len(completions)
+
+    args = make_config(tmp_path, max_steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=1)
+    trainer = AsyncGRPOTrainer(
+        tiny_model, reward_funcs=constant, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    taken = _taken_prompts(trainer)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(taken) == 8 and all(s.advantage == 0.0 for s in taken)
+    assert "after 1 extra generation rounds (dynamic_sampling_max_rounds)" in caplog.text
+    filled = sum(row.get("dynamic_sampling/groups_filled_total", 0.0) for row in trainer.state.log_history)
+    assert filled >= 4  # two batches of two groups, all filler
+
+
+def test_the_workers_own_copy_generates_with_continuous_batching(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    from grpokit.generation.continuous import ContinuousBatchingGenerator
+
+    args = make_config(tmp_path, max_steps=2, use_transformers_continuous_batching=True)
+    trainer = AsyncGRPOTrainer(
+        tiny_model, reward_funcs=text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer
+    )
+    assert isinstance(trainer.generator.inner, ContinuousBatchingGenerator)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_continuous_batching_with_a_vllm_server_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="use_transformers_continuous_batching=True: the rollout worker generates"):
+        make_config(tmp_path, use_vllm=True, use_transformers_continuous_batching=True)
+
+
+def test_evaluation_scores_held_out_prompts_with_one_policy_version(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """eval_dataset at eval_steps, as in GRPOTrainer: the held-out prompts (and only they) are generated and scored,
+    num_generations_eval completions each, logged as eval_* with the policy version that generated them (version s + 1
+    after step s: one sync per step)."""
+    from datasets import Dataset
+
+    held_out = ["zz", "yyy"]
+    scored = []
+
+    def reward(prompts, completions, **kwargs):
+        scored.append(list(prompts))
+        return text_reward(completions)
+
+    args = make_config(
+        tmp_path,
+        max_steps=2,
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=3,
+        num_generations_eval=3,
+    )
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=Dataset.from_dict({"prompt": held_out}),
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    evaluated = [row for row in trainer.state.log_history if "eval_loss" in row]
+    assert [row["step"] for row in evaluated] == [1, 2]
+    assert [row["eval_model_version"] for row in evaluated] == [2.0, 3.0]
+    assert all("eval_reward" in row and "eval_completions/mean_length" in row for row in evaluated)
+    eval_batches = [p for p in scored if set(p) & set(held_out)]
+    assert [sorted(p) for p in eval_batches] == [["zz"] * 3, ["yyy"] * 3] * 2  # one prompt x 3 per eval batch
+    assert not any(set(p) & set(held_out) and set(p) - set(held_out) for p in scored)
+
+
+def test_rollout_func_generates_for_the_worker(tmp_path, tiny_model, tiny_tokenizer, dataset):
+    """TRL's rollout_func(prompts, trainer) in the worker: its completions are trained (their sampler log-probabilities
+    are its logprobs), its env_mask masks tokens, its extra keys reach the rewards as columns, row by row."""
+    seen = []
+
+    def rollout_func(prompts, trainer):
+        ids = [tiny_tokenizer(p)["input_ids"] for p in prompts]
+        completions = [[10 + len(p), 11, 12, tiny_tokenizer.eos_token_id] for p in prompts]
+        return {
+            "prompt_ids": ids,
+            "completion_ids": completions,
+            "logprobs": [[-2.0] * len(c) for c in completions],
+            "env_mask": [[1, 0, 1, 1] for _ in prompts],
+            "length": [len(p) for p in prompts],
+        }
+
+    def reward(prompts, completions, length, **kwargs):
+        seen.extend(zip(prompts, length, strict=True))
+        return [float(n % 3) for n in length]
+
+    args = make_config(tmp_path, max_steps=2)
+    trainer = AsyncGRPOTrainer(
+        tiny_model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        rollout_func=rollout_func,
+    )
+    taken = _taken_prompts(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert seen and all(length == len(prompt) for prompt, length in seen)
+    for s in taken:
+        prompt_len = len(tiny_tokenizer(s.prompt)["input_ids"])
+        assert list(s.input_ids[prompt_len:]) == [10 + len(s.prompt), 11, 12, tiny_tokenizer.eos_token_id]
+        assert list(s.completion_mask[prompt_len:]) == [1, 0, 1, 1]
+        assert list(s.old_log_probs[prompt_len:]) == [-2.0] * 4

@@ -69,7 +69,13 @@ def async_problems(values: dict[str, Any], defaults: dict[str, Any]) -> list[tup
                 "set vllm_mode: server",
             )
         )
-    for name in ("dynamic_sampling", "use_transformers_continuous_batching"):
-        if get(name):
-            problems.append((name, "not supported by the asynchronous trainer yet", True))
+    if get("use_transformers_continuous_batching") and get("use_vllm", True):
+        problems.append(
+            (
+                "use_transformers_continuous_batching",
+                "the rollout worker generates with the vLLM server, which batches requests itself",
+                True,
+                "set use_vllm: false to generate with the worker's own copy of the policy",
+            )
+        )
     return problems

@@ -1113,8 +1113,9 @@ TABLE = {'fields': [{'name': 'output_dir',
              'default': 600},
             {'name': 'weight_sync_timeout',
              'type': ['int'],
-             'help': 'With async_grpo and vLLM: seconds one weight transfer to the server may take before it fails '
-                     'the run.',
+             'help': "With async_grpo: seconds one weight sync (the generator's pause and the push, to a vLLM server "
+                     'or through any weight transfer) may take; past it the run stops with one line naming the target '
+                     'and the policy version, the checkpoints already saved kept.',
              'owner': 'GRPOConfig',
              'init': True,
              'default': 1800},

@@ -316,8 +316,9 @@ class GRPOConfig(TrainingArguments):
     weight_sync_timeout: int = field(
         default=1800,
         metadata={
-            "help": "With async_grpo and vLLM: seconds one weight transfer to the server may take before it fails "
-            "the run."
+            "help": "With async_grpo: seconds one weight sync (the generator's pause and the push, to a vLLM server "
+            "or through any weight transfer) may take; past it the run stops with one line naming the target and the "
+            "policy version, the checkpoints already saved kept."
         },
     )
     use_transformers_continuous_batching: bool = field(

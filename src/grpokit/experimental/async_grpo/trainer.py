@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import threading
 import time
 import warnings
 
@@ -34,6 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from grpokit import checkpoints, sharding, vision
 from grpokit.dist import LOCAL
 from grpokit.generation import build_generator, is_conversational, is_truncated
+from grpokit.rollout import dynamic
 from grpokit.rollout.rollout import _vision_rows, generate_completions, produce_rollout
 from grpokit.trainer import GRPOTrainer
 
@@ -86,9 +88,6 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 f"args: AsyncGRPOTrainer takes an AsyncGRPOConfig (or a GRPOConfig with async_grpo=True), got "
                 f"{type(args).__name__} with async_grpo={getattr(args, 'async_grpo', None)}"
             )
-        for name in ("eval_dataset", "rollout_func"):
-            if grpokit_only.get(name) is not None:
-                raise ValueError(f"{name}: not supported by the asynchronous trainer yet; use GRPOTrainer for it")
         if isinstance(model, str) and getattr(args, "dtype", None):
             init = dict(args.model_init_kwargs or {}) if not isinstance(args.model_init_kwargs, str) else None
             if init is not None:
@@ -123,15 +122,12 @@ class AsyncGRPOTrainer(GRPOTrainer):
             **agent,
             **grpokit_only,
         )
-        if self.agent is not None and self.agent.environments is not None and self._dist.num_processes > 1:
-            raise ValueError(
-                "environment_factory with several processes is not supported by the asynchronous trainer yet"
-            )
         self.model_version = 0
         self._sync_base = None  # (global step, version) right after the first sync of this train() call
         self._resume_state = None  # the rollout state read from the checkpoint resumed from
         self._wait_s = 0.0
         self._sync_failed = False  # a weight push failed or timed out: the transfer may be stuck
+        self._producing = threading.Lock()  # one generation batch at a time: the worker's or evaluation's
         self._span_end = None  # the version right after the worker's last generation, when weights can change under it
         self.rollout_worker = self.weight_transfer = self.rollout_queue = None
         self._loss_step_correction = SamplerDistance(self._dist, self._metrics)  # also TRL's `ratio` and `kl`
@@ -210,7 +206,19 @@ class AsyncGRPOTrainer(GRPOTrainer):
             max_staleness=args.max_staleness,
             queue_maxsize=args.queue_maxsize,
             version_of_batch=self._version_of_batch,
+            keep=self._groups_that_teach if args.dynamic_sampling else None,
+            max_extra_rounds=args.dynamic_sampling_max_rounds,
         )
+
+    def _groups_that_teach(self, samples: list[RolloutSample]) -> list[bool]:
+        """Dynamic sampling's test, as the synchronous trainer's (`dynamic.kept_groups`), per group of `samples`."""
+        rewards = torch.tensor(
+            [[s.metrics[f"rewards/{name}"] for name in self.reward_func_names] for s in samples], dtype=torch.float64
+        )
+        settings = self._rollout_settings("train")
+        return dynamic.kept_groups(
+            rewards, self.args.num_generations, self.args.dynamic_sampling_min_reward_std, settings.reward_weights
+        ).tolist()
 
     def _version_of_batch(self, k: int) -> int:
         """The policy version the k-th batch of this train() call is trained with (none dropped)."""
@@ -220,10 +228,15 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     # -- the worker's side (runs in its thread) --------------------------------------------------------------
 
-    def _produce(self, rows: list[dict]) -> list[RolloutSample]:
-        """One generation batch of samples, by the synchronous trainer's `produce_rollout` on one process."""
+    def _produce(self, rows: list[dict], mode: str = "train") -> list[RolloutSample]:
+        """One generation batch of samples, by the synchronous trainer's `produce_rollout` on one process. One batch at
+        a time (the worker's or evaluation's): they share the generator, the tool loop and the environments."""
+        with self._producing:
+            return self._produce_batch(rows, mode)
+
+    def _produce_batch(self, rows: list[dict], mode: str) -> list[RolloutSample]:
         args = self.args
-        settings = self._worker_settings()
+        settings = self._worker_settings(mode)
         rows = self._start_agent_batch(rows, LOCAL)
         extras: dict[str, list] = {}  # what reward functions log with log_extra, a value per row
         rollout = produce_rollout(
@@ -240,7 +253,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 **({"environments": self.environments} if self.environments is not None else {}),
             },
             dist=LOCAL,
-            generate=lambda prompts: self._worker_generate(prompts, settings),
+            generate=lambda prompts: self._worker_generate(prompts, settings, mode),
         )
         span_end = self._span_end
         if rollout.sampling_logps is None:
@@ -298,14 +311,17 @@ class AsyncGRPOTrainer(GRPOTrainer):
             settings.importance_sampling_clip_max = self.args.vllm_importance_sampling_clip_max
         return settings
 
-    def _worker_settings(self):
-        settings = self._rollout_settings("train")
+    def _worker_settings(self, mode: str = "train"):
+        settings = self._rollout_settings(mode)
         settings.mask_truncated_completions = False  # the samples carry the lengths; their masks do the masking
         return settings
 
-    def _worker_generate(self, prompts: list, settings) -> tuple:
-        """Completions for one generation batch, at most max_inflight_tasks (whole groups) asked at once."""
+    def _worker_generate(self, prompts: list, settings, mode: str = "train") -> tuple:
+        """Completions for one generation batch (TRL's `rollout_func` when given), at most max_inflight_tasks (whole
+        groups) asked at once."""
         try:
+            if self.rollout_func is not None:
+                return self._custom_rollout(prompts, mode, dist=LOCAL)
             return self._generate_in_parts(prompts, settings)
         finally:
             # A server swaps weights under requests in flight (pause with mode=keep); the local sampler never does.
@@ -340,17 +356,30 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, rows):
         if not self.model.training:
-            raise ValueError("the asynchronous trainer does not evaluate yet")
+            return self._evaluation_batch(rows)
         if self._step % self.generate_every == 0 or self._buffered_inputs is None:
             self._loss_step_correction.reset()
             self._buffered_inputs = self._next_batch().micro_batches(self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
+    def _evaluation_batch(self, rows):
+        """Evaluation: every process's rows of this eval batch generated by the main process, with the one policy
+        version the generator holds (weights are pushed only from this thread, never during evaluation), scored,
+        and each process's share returned; logged as `eval_*`, with `eval_model_version`."""
+        every = self._dist.gather_object(list(rows))
+        samples = self._produce(every, "eval") if self.accelerator.is_main_process else None
+        rollout = self._shared_rollout(self._dist.broadcast_object(samples), "eval")
+        self._metrics["eval"]["model_version"].append(float(self.model_version))
+        return rollout.micro_batches(1, shuffle=False)[0]
+
     def _next_batch(self):
         """One generation batch from the queue (main process), shared by every process as its `Rollout` slice."""
+        samples = self._take_samples(self.args.generation_batch_size) if self.accelerator.is_main_process else None
+        return self._shared_rollout(self._dist.broadcast_object(samples), "train")
+
+    def _shared_rollout(self, samples: list[RolloutSample], mode: str):
+        """This process's `Rollout` slice of `samples` (every process holds them all), its metrics logged."""
         args = self.args
-        samples = self._take_samples(args.generation_batch_size) if self.accelerator.is_main_process else None
-        samples = self._dist.broadcast_object(samples)
         names = self._reward_names(samples)
         rollout = rollout_of(
             samples,
@@ -358,9 +387,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
             num_processes=self._dist.num_processes,
             pad_token_id=vision.tokenizer_of(self.processing_class).pad_token_id,
             reward_names=names,
-            num_generations=args.num_generations,
+            num_generations=self._num_generations(mode),
             advantage_kwargs=dict(
-                reward_weights=self._rollout_settings("train").reward_weights,
+                reward_weights=self._rollout_settings(mode).reward_weights,
                 scale_rewards=args.scale_rewards,
                 multi_objective_aggregation=args.multi_objective_aggregation,
             ),
@@ -370,7 +399,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
         if vision.is_processor(self.processing_class):
             self._attach_images(rollout, samples)
         if args.beta != 0.0:
-            chunk = args.per_device_train_batch_size
+            chunk = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
             ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
             mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
             scoring = {"vision": rollout.vision} if rollout.vision is not None else {}
@@ -378,15 +407,20 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 rollout.ref_logps = self._reference_logps_fn(chunk)(
                     ids, mask, rollout.completion_ids.size(1), **scoring
                 )
-        self.state.num_input_tokens_seen += rollout.num_tokens
-        metrics = self._metrics["train"]
-        accounted = batch_metrics(
-            samples, padded_positions(samples, self._dist.num_processes, args.pad_to_multiple_of)
-        )
-        for name, value in accounted.items():
-            metrics[name].append(value)
-        self._step_tokens = (accounted["batch/forwarded_tokens_per_step"], accounted["batch/trained_tokens_per_step"])
-        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        metrics = self._metrics[mode]
+        if mode == "train":
+            self.state.num_input_tokens_seen += rollout.num_tokens
+            accounted = batch_metrics(
+                samples, padded_positions(samples, self._dist.num_processes, args.pad_to_multiple_of)
+            )
+            for name, value in accounted.items():
+                metrics[name].append(value)
+            forwarded, trained = (
+                accounted["batch/forwarded_tokens_per_step"],
+                accounted["batch/trained_tokens_per_step"],
+            )
+            self._step_tokens = (forwarded, trained)
+            metrics["num_tokens"] = [self.state.num_input_tokens_seen]
         for name, value in rollout.metrics.items():
             metrics[name].append(value)
         share = len(samples) // self._dist.num_processes
@@ -396,8 +430,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         for column in sorted({c for extra in mine for c in extra} - {"tool_calls"}):  # log_extra's columns
             self._completion_log.add_extra(column, [extra.get(column) for extra in mine])
         self._completion_log.add_rollout(rollout, names, self._dist)
-        self._unscorable.check(rollout, "train")
-        if self.accelerator.is_main_process and hasattr(self.rollout_worker, "consumed"):
+        self._unscorable.check(rollout, mode)
+        if mode == "train" and self.accelerator.is_main_process and hasattr(self.rollout_worker, "consumed"):
             self.rollout_worker.consumed(s.group_id for s in samples)
         return rollout
 

@@ -11,6 +11,13 @@ advantages: no second copy of any of them) and queues its samples. The worker ne
 (the version step s trains with) - max_staleness, so its samples are never dropped for staleness. Prompts come in
 epoch order (`PromptOrder`); the trainer reports each group it trains (`consumed`) and each it drops (`requeue`: the
 prompt is generated again), which is what a checkpoint records to resume without losing or repeating a prompt.
+
+Dynamic sampling (`keep` given): after each generation round the groups whose rewards do not differ are not queued
+(their prompts count as seen for the epoch, as in the synchronous trainer) and the next rounds refill the batch; the
+pacing counts queued samples, so a batch is generated ahead of its step as without the filter. After
+`max_extra_rounds` extra rounds for one batch it is completed with the first groups set aside, at advantage 0 (one
+warning). Per round: `dynamic_sampling/groups_kept` and `groups_dropped`; per batch completed so:
+`dynamic_sampling/groups_filled_total`.
 """
 
 from __future__ import annotations
@@ -103,11 +110,15 @@ class AsyncRolloutWorker:
         max_staleness: int,
         queue_maxsize: int,
         version_of_batch: Callable[[int], int],
+        keep: Callable[[list[RolloutSample]], list[bool]] | None = None,
+        max_extra_rounds: int = 0,
     ):
         self.dataset, self.produce, self.order = dataset, produce, order
         self.num_generations, self.prompts_per_batch = num_generations, prompts_per_batch
         self.max_staleness = max_staleness
         self.version_of_batch = version_of_batch  # k-th batch of this run -> the policy version it is trained with
+        self.keep, self.max_extra_rounds = keep, max_extra_rounds  # dynamic sampling: kept groups of a round
+        self.samples_per_batch = prompts_per_batch * num_generations
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
         self._version = 0
@@ -187,8 +198,9 @@ class AsyncRolloutWorker:
 
     def _run(self) -> None:
         try:
-            batch = 0
+            queued, rounds, set_aside = 0, 0, []  # samples queued; rounds and dropped groups of the batch filling
             while not self._stop.is_set():
+                batch = queued // self.samples_per_batch
                 if not self._wait_for_version(self.version_of_batch(batch) - self.max_staleness):
                     return
                 rows, groups = self._next_rows()
@@ -201,13 +213,51 @@ class AsyncRolloutWorker:
                     sample.group_id, sample.model_version = group, first
                     if sample.last_model_version is not None and sample.last_model_version == first:
                         sample.last_model_version = None
+                if self.keep is not None:
+                    samples, dropped = self._filter(samples)
+                    rounds += 1
+                    set_aside += dropped
+                    short = (batch + 1) * self.samples_per_batch - queued - len(samples)  # this batch's gap
+                    if short > 0 and rounds > self.max_extra_rounds:
+                        samples += self._fillers(set_aside, short, rounds)
+                for sample in samples:
                     if not self._put(sample):
                         return
-                batch += 1
+                    queued += 1
+                if queued // self.samples_per_batch > batch:
+                    rounds, set_aside = 0, []
         except BaseException as exc:  # noqa: BLE001 - reported to the trainer by check_health
             detail = " ".join(str(exc).split()) or "(no message)"
             self._failure = f"{type(exc).__name__}: {detail}"
             logger.debug("rollout worker failed:\n%s", traceback.format_exc())
+
+    def _filter(self, samples: list[RolloutSample]) -> tuple[list[RolloutSample], list[list[RolloutSample]]]:
+        """(samples of the groups `keep` keeps, the dropped groups); a dropped group's prompt is seen for its epoch."""
+        size = self.num_generations
+        groups = [samples[i : i + size] for i in range(0, len(samples), size)]
+        flags = self.keep(samples)
+        kept = [s for group, ok in zip(groups, flags, strict=True) if ok for s in group]
+        dropped = [group for group, ok in zip(groups, flags, strict=True) if not ok]
+        self.consumed(group[0].group_id for group in dropped)
+        self._push_metrics(
+            {"dynamic_sampling/groups_kept": float(sum(flags)), "dynamic_sampling/groups_dropped": float(len(dropped))}
+        )
+        return kept, dropped
+
+    def _fillers(self, set_aside: list[list[RolloutSample]], short: int, rounds: int) -> list[RolloutSample]:
+        """`short` samples (whole groups) completing the batch after the last extra round: the first dropped groups,
+        at advantage 0 (they teach nothing either way)."""
+        fillers = [s for group in set_aside[: short // self.num_generations] for s in group]
+        for sample in fillers:
+            sample.advantage = 0.0
+        del set_aside[: short // self.num_generations]
+        logger.warning(
+            f"dynamic sampling: after {rounds - 1} extra generation rounds (dynamic_sampling_max_rounds) a batch "
+            f"still lacked {short // self.num_generations} groups whose rewards differ; it is filled with dropped "
+            f"groups at advantage 0"
+        )
+        self._push_metrics({"dynamic_sampling/groups_filled_total": float(len(fillers) // self.num_generations)})
+        return fillers
 
     def _wait_for_version(self, version: int) -> bool:
         started = time.time()
