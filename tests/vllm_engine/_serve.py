@@ -24,13 +24,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: str, log_path, *, token: str | None = None, max_model_len: int = 256):
-    """`grpokit vllm-serve MODEL` on a free port until healthy; stopped (terminate, then kill, the whole process
-    group) on exit. Yields `SimpleNamespace(url, port, proc, stop, log, started_s)`."""
+def running_server(model_dir: str, log_path, *, token: str | None = None, max_model_len: int = 256, extra=()):
+    """`grpokit vllm-serve MODEL` (and `extra` arguments) on a free port until healthy; stopped (terminate, then kill,
+    the whole process group) on exit. Yields `SimpleNamespace(url, port, proc, stop, log, started_s)`."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [sys.executable, "-m", "grpokit", "vllm-serve", model_dir, "--port", str(port)]
-    cmd += ["--max-model-len", str(max_model_len), "--dtype", "float32"]
+    cmd += ["--max-model-len", str(max_model_len), "--dtype", "float32", *extra]
     start = time.monotonic()
     log = open(log_path, "w")  # noqa: SIM115 - closed at exit
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -98,9 +98,10 @@ def test_training_against_the_server(tmp_path, server, model_dir, max_staleness)
     )
 
 
-def test_lora_is_pushed_merged(tmp_path, server, model_dir):
-    """A LoRA adapter trains; the server gets the base weights with the adapter merged at every sync: at staleness 0
-    its logprobs are the trainer's (gap < 1e-3) while the adapter moves the policy."""
+def test_lora_is_pushed_merged(tmp_path, server, model_dir, caplog):
+    """A LoRA adapter trains against a server started without --enable-lora: one warning says so and how to push the
+    adapter alone, and the server gets the base weights with the adapter merged at every sync: at staleness 0 its
+    logprobs are the trainer's (gap < 1e-3) while the adapter moves the policy."""
     from peft import LoraConfig
 
     from grpokit.experimental.async_grpo import AsyncGRPOTrainer
@@ -108,7 +109,15 @@ def test_lora_is_pushed_merged(tmp_path, server, model_dir):
     args = _config(tmp_path, server, max_staleness=0, learning_rate=0.5)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     trainer = AsyncGRPOTrainer(model_dir, _reward, args=args, train_dataset=_dataset(), peft_config=lora)
-    trainer.train()
+    with caplog.at_level("WARNING", logger="grpokit.generation.vllm_server"):
+        trainer.train()
+    warned = [r.getMessage() for r in caplog.records if "pushing merged weights" in r.getMessage()]
+    assert warned == [
+        f"pushing merged weights to the vLLM server at {server.url}, not the adapter: the vLLM server was started "
+        f"without --enable-lora (start it with `grpokit vllm-serve MODEL --enable-lora --max-lora-rank 8 --max-loras "
+        f"2` to push the adapter alone)"
+    ]
+    assert not trainer.generator.pushes_adapters
     rows = [row for row in trainer.state.log_history if "loss" in row]
     assert len(rows) == 4
     for row in rows:

@@ -120,3 +120,11 @@ def test_a_token_puts_every_route_behind_it(monkeypatch):
     monkeypatch.delenv("GRPOKIT_VLLM_TOKEN")
     cmd, env = _command(["m"], monkeypatch)
     assert "--middleware" not in cmd and "GRPOKIT_VLLM_TOKEN" not in env  # loopback without a token: as before
+
+
+def test_enable_lora_mounts_the_runtime_adapter_routes(monkeypatch):
+    cmd, env = _command(["/models/m", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "3"], monkeypatch)
+    assert cmd[-5:] == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "3"]
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    _, env = _command(["/models/m"], monkeypatch)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env

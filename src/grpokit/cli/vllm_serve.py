@@ -12,7 +12,9 @@ adds to a plain `vllm serve MODEL`:
   tokens were drawn from (after temperature);
 - `--enable-scale-out`: vLLM's token-in/token-out route `/inference/v1/generate`, through which image prompts
   (vision-language models) are sent as token ids with their images;
-- `--host 127.0.0.1` unless `--host` is given: the dev endpoints let any client rewrite the model's weights.
+- `--host 127.0.0.1` unless `--host` is given: the dev endpoints let any client rewrite the model's weights;
+- with `--enable-lora` (passed on): `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, which mounts `/v1/load_lora_adapter`, so a
+  LoRA policy's weight syncs send the adapter alone (`generation/vllm_lora.py`).
 
 Arguments it does not know are passed to `vllm serve` unchanged.
 """
@@ -105,6 +107,8 @@ def build_command(args: argparse.Namespace, extra: list[str]) -> tuple[list[str]
         cmd += ["--middleware", MIDDLEWARE]
         env[TOKEN_ENV] = token
     cmd += extra
+    if any(a.split("=")[0] == "--enable-lora" for a in extra):  # the trainer loads each adapter version at run time
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     plugins = os.environ.get("VLLM_PLUGINS")
     if backend == "gloo" and plugins is not None and PLUGIN_NAME not in plugins.split(","):
         # VLLM_PLUGINS restricts which plugins vLLM loads: keep the one that registers the gloo backend.

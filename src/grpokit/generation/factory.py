@@ -5,6 +5,7 @@ transformers' continuous batching (`use_transformers_continuous_batching`), vLLM
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
@@ -128,7 +129,7 @@ def _continuous_generator(args, policy, tokenizer, eos_token_ids, never_sample, 
 def _server_generator(args, model_path, eos_token_ids, dist, never_sample) -> GenerationBackend:
     from .vllm_server import VLLMServerGenerator
 
-    return VLLMServerGenerator(
+    generator = VLLMServerGenerator(
         base_url=args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}",
         timeout=args.vllm_server_timeout,
         group_port=args.vllm_group_port,
@@ -138,6 +139,11 @@ def _server_generator(args, model_path, eos_token_ids, dist, never_sample) -> Ge
         model_name=model_path,
         dist=dist,
     )
+    # A LoRA policy's adapter versions (vllm_lora.py): written beside the run; asynchronous requests in flight may
+    # still name the max_staleness versions before the newest
+    generator.adapter_root = os.path.join(args.output_dir or ".", "vllm_adapters")
+    generator.adapter_keep = args.max_staleness + 1 if getattr(args, "async_grpo", False) else 1
+    return generator
 
 
 def _colocate_generator(args, model_path, dtype_name, eos_token_ids, dist, never_sample) -> GenerationBackend:

@@ -22,7 +22,10 @@ completion, so the server's configuration is checked once, at construction, thro
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -34,6 +37,8 @@ from .base import Generated, GenerationError
 from .tokens import cut_after_eos
 from .vllm_auth import auth_headers
 from .vllm_common import LOGPROBS_MODE, dense_dtype, local_address_towards, policy_weights, vllm_name
+
+logger = logging.getLogger(__name__)
 
 SERVE_HINT = "grpokit vllm-serve MODEL"
 _DEV_FLAGS = 'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "gloo"}\' (or nccl on CUDA)'
@@ -110,6 +115,14 @@ class VLLMServerGenerator:
         self.weight_timeout: float | None = None  # seconds one weight-transfer request may take (None: no limit)
         self._transfer = None  # trainer-side weight-transfer engine, created at the first push
         self._source = None  # the policy as a vLLM `WeightSource`
+        # LoRA adapter-only sync (vllm_lora.py): decided at the first push; the trainer may set where adapters are
+        # written, how many versions stay loaded and the version to carry on from (a resumed run)
+        self.adapter_root: str | None = None
+        self.adapter_keep = 1
+        self.adapter_version_start = 0
+        self._adapters = None  # AdapterVersions when the adapter alone is pushed
+        self._adapter_decided = False
+        self.last_sync_bytes = 0
         info = None
         if dist.process_index == 0:
             try:
@@ -121,7 +134,7 @@ class VLLMServerGenerator:
         status, value = dist.broadcast_object(info)
         if status == "error":
             raise VLLMServerError(value)
-        self.served_model, self.backend, self.world_size = value
+        self.served_model, self.backend, self.world_size, self.lora_config = value
 
     # -- connection checks (main process) --------------------------------------------------------------------
 
@@ -148,7 +161,8 @@ class VLLMServerGenerator:
                 f"--logprobs-mode {LOGPROBS_MODE} (`{SERVE_HINT}` sets it)"
             )
         world_size = int(self._request("GET", "/get_world_size")["world_size"])
-        return served, backend, world_size
+        lora = config.get("lora_config")
+        return served, backend, world_size, lora if isinstance(lora, dict) else None
 
     def _wait_healthy(self) -> None:
         wait_for_server(self.base_url, self.timeout)
@@ -212,7 +226,7 @@ class VLLMServerGenerator:
         # vLLM refuses n > 1 with greedy sampling; every greedy sample is the same, so ask for one and repeat it.
         greedy = body.get("temperature") == 0
         n = 1 if greedy else group
-        body.update(model=self.served_model, prompt=distinct, n=n, logprobs=0, return_token_ids=True, stream=False)
+        body.update(model=self.request_model, prompt=distinct, n=n, logprobs=0, return_token_ids=True, stream=False)
         response = self._request("POST", "/v1/completions", body, read_timeout=self.request_timeout)
         choices = response.get("choices") or []
         if len(choices) != len(distinct) * n:
@@ -261,14 +275,14 @@ class VLLMServerGenerator:
         greedy = body.get("temperature") == 0
         body.update(n=1 if greedy else n, logprobs=0)
         if image is None:  # a text row of a batch with images
-            request = {"token_ids": ids, "sampling_params": body, "model": self.served_model}
+            request = {"token_ids": ids, "sampling_params": body, "model": self.request_model}
         else:
             engine_ids, urls = image
             request = {
                 "token_ids": engine_ids,
                 "content_parts": [{"type": "image_url", "url": url} for url in urls],
                 "sampling_params": body,
-                "model": self.served_model,
+                "model": self.request_model,
                 "return_token_ids": True,
             }
         response = self._request(
@@ -319,12 +333,60 @@ class VLLMServerGenerator:
         if error is not None:
             raise VLLMServerError(error)
 
+    @property
+    def request_model(self) -> str:
+        """The model a generation request names: the newest adapter pushed, else the served model."""
+        return (self._adapters.current if self._adapters is not None else None) or self.served_model
+
+    @property
+    def pushes_adapters(self) -> bool:
+        """Whether weight syncs load the LoRA adapter alone (requests in flight keep the adapter they named)."""
+        return self._adapters is not None
+
+    def _adapter_sync(self, model) -> bool:
+        """Decided at the first push: the adapter alone when the policy's adapter and the server allow it; a LoRA
+        policy that cannot be says why in one warning and is pushed merged."""
+        from grpokit.models import is_peft_model
+        from grpokit.sharding import is_sharded
+
+        from . import vllm_lora
+
+        self._adapter_decided = True
+        if not is_peft_model(model):
+            return False
+        reason = vllm_lora.adapter_problem(model)
+        if reason is None and is_sharded(model):
+            reason = "the policy is sharded (ZeRO-3 / FSDP): its adapter is not gathered for saving"
+        if reason is None:
+            rank = vllm_lora.adapter_rank(model.peft_config[model.active_adapter])
+            reason = vllm_lora.server_problem(self.lora_config, rank, self.adapter_keep + 1)
+        if reason is not None:
+            logger.warning(f"pushing merged weights to the vLLM server at {self.base_url}, not the adapter: {reason}")
+            return False
+        root = self.adapter_root or tempfile.mkdtemp(prefix="grpokit-adapters-")
+        self._adapters = vllm_lora.AdapterVersions(
+            lambda path, body: self._request("POST", path, body, read_timeout=self.weight_timeout, text=True),
+            root,
+            self.adapter_keep,
+        )
+        self._adapters.version = self.adapter_version_start
+        return True
+
     def _push(self, model) -> None:
+        if not self._adapter_decided:
+            self._adapter_sync(model)
+        if self._adapters is not None:
+            self._adapters.push(model)
+            self.last_sync_bytes = self._adapters.last_bytes
+            return
         if self._transfer is None:
             self._source = _PolicySource(model)
             self._transfer = self._init_transfer(self._source)
         self._source.model = model
         self._transfer.send_weights()
+        if not self.last_sync_bytes:  # the same every push: every weight, in its dtype
+            metas = self._source.metadata()
+            self.last_sync_bytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
         # Cached prefixes hold keys and values computed with the old weights, cached image embeddings the old vision
         # tower's output.
         self._request("POST", "/reset_prefix_cache")
@@ -378,8 +440,9 @@ class VLLMServerGenerator:
 
     # -- HTTP ------------------------------------------------------------------------------------------------
 
-    def _request(self, method, path, body=None, *, missing_ok=False, timeout=None, read_timeout=-1.0):
-        """JSON request; a one-line `VLLMServerError` on any failure (None for a 404 when `missing_ok`)."""
+    def _request(self, method, path, body=None, *, missing_ok=False, timeout=None, read_timeout=-1.0, text=False):
+        """JSON request; a one-line `VLLMServerError` on any failure (None for a 404 when `missing_ok`). `text`: the
+        answer is plain text (vLLM's adapter routes), returned as it is."""
         url = self.base_url + path
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json", **auth_headers()}  # the token of `grpokit vllm-serve`, if set
@@ -400,6 +463,8 @@ class VLLMServerGenerator:
             raise VLLMServerError(
                 f"the vLLM server at {self.base_url} did not answer {path} ({_one_line(exc)}); is it still running?"
             ) from None
+        if text:
+            return payload.decode(errors="replace")
         return json.loads(payload) if payload else {}
 
 

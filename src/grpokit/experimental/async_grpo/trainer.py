@@ -181,6 +181,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 self.rollout_worker.update_model_version(self.model_version)
             if self.weight_transfer is not None:
                 self.weight_transfer.init_weight_transfer()
+            if hasattr(self.generator, "adapter_version_start"):  # adapter names carry on from a resumed version
+                self.generator.adapter_version_start = self.model_version
         self._sync_weights()
         self._sync_base = (self.state.global_step, self.model_version)
         if main:
@@ -324,8 +326,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
                 return self._custom_rollout(prompts, mode, dist=LOCAL)
             return self._generate_in_parts(prompts, settings)
         finally:
-            # A server swaps weights under requests in flight (pause with mode=keep); the local sampler never does.
-            self._span_end = self.rollout_worker.model_version if self.args.use_vllm else None
+            # A server swaps merged weights under requests in flight (pause with mode=keep); a request naming an
+            # adapter version keeps it, and the local sampler never swaps under a generation.
+            swaps = self.args.use_vllm and not getattr(self.generator, "pushes_adapters", False)
+            self._span_end = self.rollout_worker.model_version if swaps else None
 
     def _generate_in_parts(self, prompts: list, settings) -> tuple:
         if self.agent is not None:  # the tool loop holds the whole batch's toolboxes
