@@ -117,6 +117,7 @@ class VLLMServerGenerator:
         self._source = None  # the policy as a vLLM `WeightSource`
         # LoRA adapter-only sync (vllm_lora.py): decided at the first push; the trainer may set where adapters are
         # written, how many versions stay loaded and the version to carry on from (a resumed run)
+        self.adapter_sync = True  # False: a LoRA policy is always pushed merged
         self.adapter_root: str | None = None
         self.adapter_keep = 1
         self.adapter_version_start = 0
@@ -352,7 +353,7 @@ class VLLMServerGenerator:
         from . import vllm_lora
 
         self._adapter_decided = True
-        if not is_peft_model(model):
+        if not self.adapter_sync or not is_peft_model(model):
             return False
         reason = vllm_lora.adapter_problem(model)
         if reason is None and is_sharded(model):
