@@ -4,8 +4,8 @@
 # the ratios (see benchmarks/gpu_vs_trl.py for what each number is). For a lent GPU machine with no network beyond
 # PyPI: builds its own venv (grpokit from this checkout with its vLLM extra, trl==1.16.0), a random-init 0.5B-class
 # Qwen2 and prompts locally, and SmolLM2-135M's shape with random weights for the real-shape legs
-# (GPU_VS_TRL_LEGS=smollm2-6,smollm2-128 runs only those: about 5 minutes with the install). About 14 minutes: ~2-3 to install, ~5 for the four runs (each stopped at 150 s), ~4 for the three asynchronous
-# legs against a vLLM server (benchmarks/gpu_async_vs_trl.py).
+# (GPU_VS_TRL_LEGS=smollm2-6,smollm2-128 runs only those: about 5 minutes with the install). About 16 minutes: ~2-3 to install, ~5 for the four runs (each stopped at 150 s), ~6 for the five asynchronous
+# legs against a vLLM server (benchmarks/gpu_async_vs_trl.py, each stopped at 90 s; also one device call on its own).
 #   bash benchmarks/gpu_vs_trl.sh                  # from anywhere in the checkout
 #   PYTHON=/path/to/python bash benchmarks/gpu_vs_trl.sh   # an interpreter that has them already: no venv built
 # Without CUDA it stops, after preparing everything it can, with one line saying so (exit 3).
@@ -50,7 +50,8 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
 GPU_VS_TRL_RUN_TIMEOUT=${GPU_VS_TRL_RUN_TIMEOUT:-150} timeout 900 "$PYTHON" benchmarks/gpu_vs_trl.py run --work "$WORK"
-# The asynchronous legs: grpokit sync, grpokit async and TRL 1.16's async trainer against one vLLM server on this GPU.
-GPU_VS_TRL_RUN_TIMEOUT=${GPU_VS_TRL_RUN_TIMEOUT:-150} timeout 900 "$PYTHON" benchmarks/gpu_async_vs_trl.py run --work "$WORK" \
+# The asynchronous legs: grpokit sync, grpokit async (max_staleness 0, 1, 4) and TRL 1.16's async trainer against one
+# vLLM server on this GPU.
+GPU_VS_TRL_RUN_TIMEOUT=${GPU_VS_TRL_ASYNC_RUN_TIMEOUT:-90} timeout 900 "$PYTHON" benchmarks/gpu_async_vs_trl.py run --work "$WORK" \
   || echo "gpu_vs_trl: the asynchronous legs stopped (see above)"
 echo "total $(( $(date +%s) - start )) s; runs and logs in $WORK"
