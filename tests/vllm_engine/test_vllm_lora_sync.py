@@ -140,3 +140,53 @@ def test_the_sync_trainer_pushes_the_adapter_alone(tmp_path, server, model_dir):
         assert row["sampling/sampling_logp_difference/max"] < 1e-3, row
     moved = max(p.abs().max().item() for n, p in trainer.model.named_parameters() if "lora_B" in n)
     assert moved > 1e-3
+
+
+def test_a_server_that_stops_answering_mid_push_fails_at_weight_sync_timeout(tmp_path, server, model_dir):
+    """(Last in the module: it freezes the server.) Full weights, no adapter: the server's processes are stopped
+    (SIGSTOP) as the third push begins; the run ends about weight_sync_timeout later with one line naming the server
+    and the version, checkpoint-1 intact. The server is let go again afterwards."""
+    import re
+    import signal
+    import time
+
+    from grpokit.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from grpokit.experimental.async_grpo.trainer import WeightSyncError
+
+    values = _common(tmp_path, server, max_steps=4, max_staleness=0, save_strategy="steps", save_steps=1)
+    values.update(weight_sync_timeout=5, heartbeat_stale_after_s=120.0)
+    trainer = AsyncGRPOTrainer(model_dir, _reward, args=AsyncGRPOConfig(**values), train_dataset=_dataset())
+    pushes, frozen = [], []
+
+    def start_pipeline(original=trainer._start_pipeline):
+        original()
+        send = trainer.weight_transfer.send_weights
+
+        def freezing(pairs):
+            pushes.append(1)
+            if len(pushes) == 2:  # version 3, after step 2 (version 1 was the push at start)
+                os.killpg(server.proc.pid, signal.SIGSTOP)
+                frozen.append(time.monotonic())
+            return send(pairs)
+
+        trainer.weight_transfer.send_weights = freezing
+
+    trainer._start_pipeline = start_pipeline
+    try:
+        with pytest.raises(WeightSyncError) as caught:
+            trainer.train()
+        waited = time.monotonic() - frozen[0]
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    message = str(caught.value)
+    assert "\n" not in message
+    # the deadline, or the push's own HTTP request bounded by the same timeout, whichever answers first
+    assert re.fullmatch(
+        rf"the weight sync of version 3 to the vLLM server at {re.escape(server.url)} (did not finish within "
+        r"weight_sync_timeout=5s|failed: .*did not answer .*)",
+        message,
+    ), message
+    assert 4.5 < waited < 30
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert json.loads((out / "checkpoint-1" / "async_rollout_state.json").read_text())["model_version"] == 2
