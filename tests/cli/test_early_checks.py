@@ -103,3 +103,36 @@ def test_a_mistyped_flag_is_refused_before_transformers_or_torch_load(command):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.stdout == "2 []\n", result.stderr
     assert result.stderr == "error: --learnig_rate (cli): unknown argument; did you mean --learning_rate?\n"
+
+
+def test_errors_come_in_file_order_and_a_misspelt_tool_module_gets_a_suggestion(run, tmp_path, monkeypatch):
+    """Problems of lines 3, 5, 7 and 8 of a recipe, found in another order by the checks, print in file order (a
+    second file's after the first's; the command line's last); the tool module `my_toolz` is `my_tools.py` here."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_tools.py").write_text(
+        'def lookup(key: str) -> str:\n    """Look.\n\n    Args:\n        key: k\n    """\n'
+    )
+    (tmp_path / "r.yaml").write_text(
+        "model_name_or_path: m\n"
+        "reward_funcs: [accuracy]\n"
+        "tools: [my_toolz.lookup]\n"
+        "per_device_train_batch_size: 4\n"
+        "num_generations: 7\n"
+        "bf16: false\n"
+        "learning_rate: -1\n"
+        "beta: -2\n"
+    )
+    (tmp_path / "s.yaml").write_text("epsilon: -1\n")
+    code, errors = run("config", "validate", "--config", "r.yaml", "--config", "s.yaml", "--temperature", "-1")
+    assert code == 2
+    assert [e.split(" (")[1].split(")")[0] for e in errors] == [
+        "yaml:r.yaml:3",
+        "yaml:r.yaml:5",
+        "yaml:r.yaml:7",
+        "yaml:r.yaml:8",
+        "yaml:s.yaml:1",
+        "cli",
+    ]
+    assert errors[0].endswith(
+        "no module named 'my_toolz' in the working directory or on sys.path; did you mean 'my_tools'?"
+    )

@@ -422,7 +422,7 @@ class _Report:
 
     def raise_if_any(self, sources) -> None:
         if self.problems:
-            raise ConfigError(_dedupe([_with_source(p, sources) for p in self.problems]))
+            raise ConfigError(in_file_order(_dedupe([_with_source(p, sources) for p in self.problems])))
 
 
 def _read_yaml_files(paths, report) -> list[tuple[str, dict, dict]]:
@@ -671,6 +671,26 @@ def _with_source(problem: Problem, sources) -> Problem:
     if problem.source is None:
         return dataclasses.replace(problem, source=sources.get(problem.field))
     return problem
+
+
+def in_file_order(problems: list) -> list:
+    """Problems located in YAML files first, file by file (in the order the files were given) and line by line; then
+    the others (command line, environment, defaults, several fields at once) in the order they were found.
+
+    >>> [p.field for p in in_file_order([Problem("a", "", source="yaml:r.yaml:7"), Problem("b", "", source="cli"),
+    ...                                  Problem("c", "", source="yaml:r.yaml:3"), Problem("d", "", source="yaml:s.yaml:1")])]
+    ['c', 'a', 'd', 'b']
+    """
+    files: dict[str, int] = {}
+
+    def key(indexed):
+        index, problem = indexed
+        place = re.fullmatch(r"yaml:(.*):(\d+)", problem.source or "")
+        if place is None:
+            return (1, 0, 0, index)
+        return (0, files.setdefault(place.group(1), len(files)), int(place.group(2)), index)
+
+    return [p for _, p in sorted(enumerate(problems), key=key)]
 
 
 def _dedupe(problems):

@@ -11,6 +11,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from . import code_rewards as _code
@@ -493,7 +494,8 @@ def check_dotted_path(path: Any, *, what: str = "", colon: bool = True) -> str |
     parts, attrs = split
     spec = _module_spec(parts[0])
     if spec is None:
-        return f"{label}: no module named {parts[0]!r} in the working directory or on sys.path"
+        hint = _did_you_mean(parts[0], _working_directory_modules())
+        return f"{label}: no module named {parts[0]!r} in the working directory or on sys.path{hint}"
     n = 1
     # The module's end: given (`module:attr`), every part must be found; else the longest prefix of modules found,
     # as `import_dotted` imports it, leaving at least one attribute.
@@ -533,6 +535,11 @@ def _submodules(parent: Any) -> list[str]:
             ):
                 found.append(stem)
     return sorted(set(found) - {"__init__", "__pycache__"})
+
+
+def _working_directory_modules() -> list[str]:
+    """The modules in the working directory (where a user's own reward and tool files are), by their files."""
+    return _submodules(SimpleNamespace(submodule_search_locations=[os.getcwd()]))
 
 
 def _submodule_hint(name: str, parent: Any) -> str:
