@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import hub
+
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -53,6 +55,7 @@ def load_policy(model_id: str, model_init_kwargs: dict | None, trust_remote_code
             return gguf.load_model(*source, kwargs)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
+    hub.require(model_id)
     config = AutoConfig.from_pretrained(model_id, trust_remote_code=kwargs["trust_remote_code"])
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with quiet_progress_bars():
@@ -86,6 +89,7 @@ def load_tokenizer(model_id: str, **kwargs):
 
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    hub.require(model_id, "tokenizer")
     config_path = os.path.join(model_id, "tokenizer_config.json")
     if os.path.isfile(config_path):
         with open(config_path, encoding="utf-8") as fh:
@@ -101,6 +105,7 @@ def load_reward_model(model_id: str, model_init_kwargs: dict | None, trust_remot
     from transformers import AutoModelForSequenceClassification
 
     kwargs = from_pretrained_kwargs(model_init_kwargs, trust_remote_code)
+    hub.require(model_id, "reward model")
     model = AutoModelForSequenceClassification.from_pretrained(model_id, num_labels=1, **kwargs)
     tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
     return model, tokenizer
