@@ -12,7 +12,10 @@ A block is run according to its language, unless the HTML comment on the line ju
   machine does not have: checked without a download).
 - `<!-- docs-test: expect-fail -->`: the block must exit non-zero (an example of an error).
 - `<!-- docs-test: output -->` (text): each of its lines appears, in order, in what the previous block printed
-  (`...` inside a line matches anything).
+  (`...` inside a line matches anything): an excerpt, for output that is not the same from run to run or machine to
+  machine (timings, a library's warnings).
+- `<!-- docs-test: output-whole -->` (text): what the previous block printed, all of it, line for line (`...` inside
+  a line matches anything; blank lines count too): for deterministic output, such as error lines.
 - `<!-- docs-test: vllm -->`: needs vLLM; where it is not installed the block is only syntax-checked (the vLLM
   stage of `.ci/run` runs the pages that have such blocks).
 - `<!-- docs-test: skip REASON -->`: not run (a GPU, several machines, the install itself), only syntax-checked;
@@ -38,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 LANGUAGES = {"bash", "python", "yaml", "text"}
 MARKER = re.compile(r"^<!-- docs-test: (\S+)(?: (.*?))? -->$")
-KINDS = {"file", "validate", "expect-fail", "output", "vllm", "skip"}
+KINDS = {"file", "validate", "expect-fail", "output", "output-whole", "vllm", "skip"}
 BLOCK_TIMEOUT_S = 600
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -104,10 +107,10 @@ def check_block(block: Block) -> None:
         assert block.arg and "/" not in block.arg, f"{block.where()}: file needs a plain file name"
     if block.kind == "validate":
         assert block.language == "yaml", f"{block.where()}: validate is for YAML blocks"
-    if block.kind == "output":
-        assert block.language == "text", f"{block.where()}: output is for text blocks"
+    if block.kind in ("output", "output-whole"):
+        assert block.language == "text", f"{block.where()}: {block.kind} is for text blocks"
     if block.language == "text":
-        assert block.kind in (None, "output"), f"{block.where()}: a text block is never run"
+        assert block.kind in (None, "output", "output-whole"), f"{block.where()}: a text block is never run"
 
 
 def syntax_check(block: Block, folder: Path) -> None:
@@ -157,6 +160,18 @@ def matches(expected: str, output: str) -> bool:
     return True
 
 
+def matches_whole(expected: str, output: str) -> bool:
+    """`output`'s lines are `expected`'s, one for one (trailing whitespace and trailing blank lines aside); `...` inside
+    a line matches anything."""
+    want, got = (text.rstrip("\n").splitlines() for text in (expected, output))
+    if len(want) != len(got):
+        return False
+    return all(
+        re.fullmatch(".*?".join(re.escape(piece) for piece in w.rstrip().split("...")), g.rstrip())
+        for w, g in zip(want, got, strict=True)
+    )
+
+
 def run_page(path: Path, folder: Path) -> list[str]:
     """Runs the page's blocks in order in `folder`; returns what was only syntax-checked, with why."""
     for name in ("examples", "benchmarks"):
@@ -168,9 +183,10 @@ def run_page(path: Path, folder: Path) -> list[str]:
             syntax_check(block, folder)
             checked_only.append(f"{block.where()}: {block.arg or 'needs vLLM'}")
             continue
-        if block.kind == "output":
+        if block.kind in ("output", "output-whole"):
             assert last_output is not None, f"{block.where()}: output of what? no block ran before it"
-            assert matches(block.code, last_output), (
+            compare = matches if block.kind == "output" else matches_whole
+            assert compare(block.code, last_output), (
                 f"{block.where()}: the previous block did not print this:\n{block.code}\n--- it printed ---\n"
                 + "\n".join(last_output.splitlines()[-40:])
             )
@@ -253,3 +269,20 @@ def test_matches():
     assert matches("step 10/40 | reward\nstep 40/40", "step 10/40 | reward 0.1\nstep 40/40 | reward 0.5")
     assert not matches("step 40/40\nstep 10/40", "step 10/40\nstep 40/40")  # order counts
     assert matches("error: ... did you mean", "error: x; did you mean y")
+
+
+def test_matches_whole():
+    printed = "error: a (cli): wrong\nerror: b (yaml:r.yaml:3): wrong too\n"
+    assert matches_whole("error: a (cli): wrong\nerror: b (...): wrong too", printed)
+    assert not matches_whole("error: a (cli): wrong", printed)  # a line it printed is missing
+    assert not matches_whole("error: a (cli): wrong\nerror: b (...): wrong too\nerror: c", printed)
+    assert not matches_whole("error: a (cli): wrong\nerror: b: wrong too", printed)  # each line whole
+
+
+def test_a_whole_output_block_with_a_line_missing_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\necho one; echo two\n```\n\n<!-- docs-test: output-whole -->\n```text\none\n```\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with pytest.raises(AssertionError, match="did not print"):
+        run_page(page, folder)
