@@ -25,6 +25,35 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     pages = {p.relative_to(tmp_path / "html").as_posix() for p in (tmp_path / "html").rglob("*.html")}
     expected = {str(p.relative_to(DOCS).with_suffix(".html")) for p in DOCS.rglob("*.md") if "_build" not in p.parts}
     assert expected <= pages
+    check_the_sites_parts(tmp_path / "html")
+
+
+def check_the_sites_parts(html: Path) -> None:
+    """What a reader gets beyond the pages: the version, a copy button and wrapping code blocks on every page, the
+    source of the API's modules, each configuration dataclass's field help, an index that is an introduction."""
+    import grpokit
+
+    index = (html / "index.html").read_text()
+    assert f"<title>grpokit {grpokit.__version__}</title>" in index
+    assert "copybutton.js" in index and "custom.css" in index
+    assert "white-space: pre-wrap" in (html / "_static" / "custom.css").read_text()
+    assert (html / "_modules" / "grpokit" / "config" / "grpo_config.html").is_file()  # viewcode: [source] links
+    api = (html / "reference" / "api.html").read_text()
+    assert "viewcode-link" in api
+    # field help under each dataclass: GRPOConfig's own fields, ScriptArguments' (TRL's) included
+    import dataclasses
+
+    from grpokit import GRPOConfig, ScriptArguments
+
+    for cls, name in ((GRPOConfig, "num_generations"), (ScriptArguments, "dataset_name")):
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        default = "None" if field.default is None else str(field.default)
+        entry = f'{name}</span></code> (default <code class="docutils literal notranslate"><span class="pre">{default}'
+        assert entry in api, name
+        assert field.metadata["help"].split(".")[0] in api, name
+    main = index.split('<article role="main"', 1)[1].split("</article>", 1)[0]
+    assert "toctree-l1" not in main  # the tables of contents are the sidebar's, not repeated as lists
+    assert "how-to/agents.html" in main  # the introduction links where to go
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
