@@ -249,10 +249,13 @@ MAY_IMPORT = {
         "grpokit.vision",
     },
     "grpokit.data": {"grpokit.config", "grpokit.vision"},
-    "grpokit.models": {"grpokit.sharding", "grpokit.vision", "grpokit.gguf"},
+    "grpokit.models": {"grpokit.sharding", "grpokit.vision", "grpokit.gguf", "grpokit.hub"},
     "grpokit.config": {"grpokit.rewards", "grpokit.launch"},
     "grpokit.demo": {"grpokit.tiny", "grpokit.gguf"},
-    **{unit: set() for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf"}},
+    **{
+        unit: set()
+        for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf", "grpokit.hub"}
+    },
 }
 
 
