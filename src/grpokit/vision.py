@@ -269,15 +269,17 @@ def refuse_images_without_processor(dataset, processing_class, split: str = "tra
         refuse_image_row(row, index, processing_class, split)
 
 
-def refuse_image_row(row: dict, index: int, processing_class, split: str = "train") -> None:
-    """A `VisionError` naming the row when it has an image and the model is text-only."""
+def refuse_image_row(row: dict, index: int | str, processing_class, split: str = "train") -> None:
+    """A `VisionError` naming the row when it has an image and the model is text-only. `index`: the row's number, or
+    a phrase placing it (a stream's "stream row 80")."""
     if is_processor(processing_class):
         return
     column = next((c for c in IMAGE_COLUMNS if row.get(c) is not None), None)
     if column is not None:
         prompt = " ".join(str(row.get("prompt"))[:60].split())
+        place = f"row {index}" if isinstance(index, int) else index
         raise VisionError(
-            f"{split} row {index}: has an image (column {column!r}) but the model is text-only (its processing class "
+            f"{split} {place}: has an image (column {column!r}) but the model is text-only (its processing class "
             f"is a tokenizer, {type(processing_class).__name__}); train a vision-language model with its "
             f"AutoProcessor, or drop the column (the row's prompt: {prompt!r})"
         )

@@ -198,8 +198,8 @@ def test_an_image_far_into_a_text_only_models_dataset_is_refused_by_row(tmp_path
 
 
 def test_an_image_in_a_text_only_models_stream_is_refused_when_its_row_arrives(tmp_path):
-    """The same rows as a stream: nothing to look at before training; the batch holding row 5 stops, naming it
-    (its place in the batch and its prompt), before anything is generated for it."""
+    """The same rows as a stream: nothing to look at before training; row 5 stops the run as it is read, named by its
+    place in the stream (not in the shuffled batch) and its prompt, before anything is generated for it."""
     tokenizer = build_tokenizer()
     trainer = GRPOTrainer(
         model=build_model(tokenizer),
@@ -208,7 +208,23 @@ def test_an_image_in_a_text_only_models_stream_is_refused_when_its_row_arrives(t
         train_dataset=_text_rows_with_one_image(5, n=16).to_iterable_dataset(),
         processing_class=tokenizer,
     )
-    with pytest.raises(ValueError, match=r"batch row \d+: has an image \(column 'image'\) .*'q5'"):
+    with pytest.raises(ValueError, match=r"^train_dataset stream row 5: has an image \(column 'image'\) .*'q5'"):
+        trainer.train()
+
+
+def test_a_stream_of_several_shards_names_the_row_within_its_shard(tmp_path):
+    """datasets counts each shard of a stream from 0: the row is named with the shard count (and its prompt)."""
+    tokenizer = build_tokenizer()
+    stream = _text_rows_with_one_image(13, n=16).to_iterable_dataset(num_shards=2)  # row 13: row 5 of shard 2
+    trainer = GRPOTrainer(
+        model=build_model(tokenizer),
+        reward_funcs=length_reward,
+        args=config(tmp_path, max_steps=8),
+        train_dataset=stream,
+        processing_class=tokenizer,
+    )
+    pattern = r"^train_dataset stream row 5 of one of its 2 shards: has an image \(column 'image'\) .*'q13'"
+    with pytest.raises(ValueError, match=pattern):
         trainer.train()
 
 

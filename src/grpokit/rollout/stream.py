@@ -66,10 +66,19 @@ class GroupedStream(torch.utils.data.IterableDataset):
         shuffle: bool = False,
         seed: int = 0,
         buffer_size: int = 1000,
+        check=None,
     ):
         self.group_size, self.chunk_prompts, self.repeat_count = group_size, chunk_prompts, repeat_count
         self.keep = keep or (0, chunk_prompts * group_size)
         self.cycle, self.drop_last = cycle, drop_last
+        # `check(row, where)` sees each row as it is read, `where` naming its place in the user's stream: its index,
+        # attached before the shuffle and the split between processes (in a stream of several shards datasets counts
+        # each shard from 0, so the shard count is said too)
+        self.check = check
+        if check is not None and hasattr(source, "map"):
+            shards = getattr(source, "n_shards", 1) or 1
+            self.place = "row {}" if shards == 1 else "row {} of one of its " + str(shards) + " shards"
+            source = source.map(_with_stream_index, with_indices=True)
         if shuffle:
             source = source.shuffle(seed=seed, buffer_size=buffer_size)
         if shard is not None and shard[1] > 1:
@@ -86,6 +95,9 @@ class GroupedStream(torch.utils.data.IterableDataset):
             chunks = 0
             chunk: list[dict] = []
             for row in self.source:
+                if self.check is not None:
+                    index = row.pop(STREAM_INDEX, None)
+                    self.check(row, "stream " + self.place.format(index) if index is not None else "stream row")
                 chunk.append(row)
                 if len(chunk) == self.chunk_prompts:
                     yield from self._expand(chunk)
@@ -109,6 +121,13 @@ class GroupedStream(torch.utils.data.IterableDataset):
                 yield copy.deepcopy(row)  # each repeat a row of its own, as a map-style dataset gives
 
 
+STREAM_INDEX = "__grpokit_stream_index__"  # the key a row carries from the stream's start to GroupedStream's check
+
+
+def _with_stream_index(row: dict, index: int) -> dict:
+    return {**row, STREAM_INDEX: index}
+
+
 def layout(rows_per_process: int, group_size: int, process_index: int, num_processes: int) -> dict:
     """How one process reads a stream so that its batches of `rows_per_process` rows (its slice of a generation
     batch) are what `RepeatSampler` gives it: its own shard when the slice is whole groups, else the whole stream and
@@ -123,7 +142,7 @@ def layout(rows_per_process: int, group_size: int, process_index: int, num_proce
     }
 
 
-def train_loader(source, args, *, process_index: int, num_processes: int, collate_fn) -> DataLoader:
+def train_loader(source, args, *, process_index: int, num_processes: int, collate_fn, check=None) -> DataLoader:
     """The training dataloader of a stream: batches of `per_device_train_batch_size x steps_per_generation` rows,
     each generation batch repeated `steps_per_generation x num_iterations` times, read in the main process (0
     workers: the grouping lives in one iterator)."""
@@ -134,12 +153,15 @@ def train_loader(source, args, *, process_index: int, num_processes: int, collat
         repeat_count=args.steps_per_generation * args.num_iterations,
         shuffle=args.shuffle_dataset,
         seed=args.seed,
+        check=check,
         **layout(rows, args.num_generations, process_index, num_processes),
     )
     return DataLoader(stream, batch_size=rows, collate_fn=collate_fn, num_workers=0)
 
 
-def eval_loader(source, args, *, group_size: int, process_index: int, num_processes: int, collate_fn) -> DataLoader:
+def eval_loader(
+    source, args, *, group_size: int, process_index: int, num_processes: int, collate_fn, check=None
+) -> DataLoader:
     """The evaluation dataloader of a stream: one pass, each prompt `group_size` times, batches of
     `per_device_eval_batch_size` rows, 0 workers (as TRL sets for an iterable eval set). Shuffled with the seed, as
     the map-style eval sampler is. With several processes every one reads the whole stream, so that all run the same
@@ -151,7 +173,9 @@ def eval_loader(source, args, *, group_size: int, process_index: int, num_proces
     else:
         start = process_index * rows
         placement = {"chunk_prompts": rows * num_processes // group_size, "keep": (start, start + rows)}
-    stream = GroupedStream(source, group_size=group_size, cycle=False, shuffle=True, seed=args.seed, **placement)
+    stream = GroupedStream(
+        source, group_size=group_size, cycle=False, shuffle=True, seed=args.seed, check=check, **placement
+    )
     return DataLoader(stream, batch_size=rows, collate_fn=collate_fn, num_workers=0)
 
 
@@ -163,6 +187,7 @@ def train_loader_of(trainer) -> DataLoader:
         process_index=trainer.accelerator.process_index,
         num_processes=trainer.accelerator.num_processes,
         collate_fn=trainer._get_collator_with_removed_columns(trainer.data_collator, description="training"),
+        check=_row_check(trainer, "train_dataset"),
     )
 
 
@@ -182,4 +207,16 @@ def eval_loader_of(trainer, eval_dataset=None) -> DataLoader | None:
         process_index=trainer.accelerator.process_index,
         num_processes=trainer.accelerator.num_processes,
         collate_fn=trainer._get_collator_with_removed_columns(trainer.data_collator, description="evaluation"),
+        check=_row_check(trainer, "eval_dataset"),
     )
+
+
+def _row_check(trainer, split: str):
+    """What a stream's rows are checked for as they arrive: an image row for a text-only model (a map-style set is
+    checked whole before training), named by its place in the stream."""
+    from grpokit import vision
+
+    processing_class = trainer.processing_class
+    if vision.is_processor(processing_class):
+        return None
+    return lambda row, where: vision.refuse_image_row(row, where, processing_class, split)
