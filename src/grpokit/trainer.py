@@ -194,7 +194,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
         self._dynamic_sampling = None  # DAPO's dynamic sampling: see grpokit.rollout.dynamic
-        if args.dynamic_sampling:
+        if args.dynamic_sampling and not self._asynchronous:  # the async worker filters groups itself
             collate = self._get_collator_with_removed_columns(identity, "training")  # the dataloader's columns
             pad_id, settings = vision.tokenizer_of(self.processing_class).pad_token_id, self._rollout_settings("train")
             self._dynamic_sampling = dynamic.build(

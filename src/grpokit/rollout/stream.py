@@ -75,9 +75,9 @@ class GroupedStream(torch.utils.data.IterableDataset):
         # attached before the shuffle and the split between processes (in a stream of several shards datasets counts
         # each shard from 0, so the shard count is said too)
         self.check = check
-        if check is not None and hasattr(source, "map"):
+        if check is not None:
             shards = getattr(source, "n_shards", 1) or 1
-            self.place = "row {}" if shards == 1 else "row {} of one of its " + str(shards) + " shards"
+            self.place = "stream row {}" + ("" if shards == 1 else f" of one of its {shards} shards")
             source = source.map(_with_stream_index, with_indices=True)
         if shuffle:
             source = source.shuffle(seed=seed, buffer_size=buffer_size)
@@ -96,8 +96,7 @@ class GroupedStream(torch.utils.data.IterableDataset):
             chunk: list[dict] = []
             for row in self.source:
                 if self.check is not None:
-                    index = row.pop(STREAM_INDEX, None)
-                    self.check(row, "stream " + self.place.format(index) if index is not None else "stream row")
+                    self.check(row, self.place.format(row.pop(STREAM_INDEX)))
                 chunk.append(row)
                 if len(chunk) == self.chunk_prompts:
                     yield from self._expand(chunk)
