@@ -184,7 +184,10 @@ def report(runs: list[dict], level: float) -> None:
 
 
 def plot(runs: list[dict], path: str, level: float) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("this benchmark's plot needs matplotlib (grpokit does not): pip install matplotlib") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -85,11 +85,11 @@ def test_a_fresh_run_starts_its_records_afresh_and_a_resumed_one_keeps_them(tiny
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1]  # not resumed: afresh
 
 
-def test_a_failure_to_write_the_resolved_config_stops_training_at_the_first_log(
+def test_a_failure_to_write_the_resolved_config_stops_training_before_its_first_step(
     tiny_model_dir, dataset, tmp_path, monkeypatch
 ):
-    """resolved_config.yaml is written beside the first steps (off train()'s path); a failure to write it is not lost:
-    the first log raises it in the training thread, before any metrics row, and no plot is drawn."""
+    """A failure to write resolved_config.yaml is not lost: train() raises it before any step, no metrics row is
+    written and no plot is drawn."""
     import pytest
 
     import grpokit.records.resolved as resolved
@@ -101,6 +101,7 @@ def test_a_failure_to_write_the_resolved_config_stops_training_at_the_first_log(
     trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=text_reward, args=_args(tmp_path), train_dataset=dataset)
     with pytest.raises(OSError, match="disk quota exceeded"):
         trainer.train()
+    assert trainer.state.global_step == 0
     out = tmp_path / "out"
     assert not (out / "reward_curve.png").exists()
     assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 
 from transformers import TrainerCallback
@@ -39,17 +38,6 @@ LOSS_NOTE = (
 LOSS_NOTE_KL = "; with beta > 0 the loss is mostly beta x KL, which grows as the policy leaves the reference"
 
 
-def _prepare_plotting() -> None:
-    """matplotlib imported and its font and text caches filled by drawing a small figure nobody sees: done while the
-    steps run, so that the plot drawn at the end pays for neither (0.3-0.4 s of import, tens of ms of font set-up)."""
-    try:
-        from grpokit.records.plot import warm_up
-
-        warm_up()
-    except Exception:  # noqa: BLE001 - the plot says so itself when it is drawn
-        pass
-
-
 class RunRecorder(TrainerCallback):
     """Appends each training log and each evaluation's to metrics.jsonl, one row each (TRL's metric names plus
     `step`; an evaluation's row has only `eval_` names, e.g. `eval_reward`, never `reward`), logged completions to
@@ -72,8 +60,6 @@ class RunRecorder(TrainerCallback):
         self._loss_explained = False  # the note under the first progress line with a loss
         self._logs_seen = 0  # training logs so far: an agent run prints a trajectory every EXCERPT_EVERY of them
         self._rewards_explained = False
-        self._background = None  # the thread on_train_begin starts (resolved_config.yaml, matplotlib), until joined
-        self._background_error = None  # what that thread failed with, raised by _wait_for_start
 
     def _print_excerpt(self, step: int) -> None:
         """One trajectory of the latest batch (the first with a tool call, if any), a message a line, and, the first
@@ -103,29 +89,8 @@ class RunRecorder(TrainerCallback):
             path = os.path.join(out, name)
             if os.path.exists(path):
                 _keep_rows_until(path, state.global_step)
-        # resolved_config.yaml and matplotlib's import are done beside the first steps, not before or after them,
-        # where they held up train(); the first log and the end of training wait for it (a failure to write the file
-        # is raised there), and the plot itself is drawn in on_train_end.
-        self._background = threading.Thread(
-            target=self._prepare, args=(args, out), daemon=True, name="grpokit-records-start"
-        )
-        self._background.start()
-
-    def _prepare(self, args, out: str) -> None:
-        try:
-            self._write_resolved_config(args, out)
-        except BaseException as exc:  # noqa: BLE001 - raised in the training thread by _wait_for_start
-            self._background_error = exc
-        _prepare_plotting()
-
-    def _wait_for_start(self) -> None:
-        """Waits for what on_train_begin started beside the steps; raises its failure to write resolved_config.yaml."""
-        background, self._background = self._background, None
-        if background is not None:
-            background.join()
-            error, self._background_error = self._background_error, None
-            if error is not None:
-                raise error
+        # Written before the first step (about 0.03 s): a failure to write it stops the run before any step.
+        self._write_resolved_config(args, out)
 
     def _write_resolved_config(self, args, out: str) -> None:
         from grpokit.records.resolved import python_resolution, write_resolved_config
@@ -141,7 +106,6 @@ class RunRecorder(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not self.write or not state.is_world_process_zero:
             return
-        self._wait_for_start()
         from grpokit.records.plot import has_reward_rows, plot_run
 
         out = self._dir(args)
@@ -151,8 +115,6 @@ class RunRecorder(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        if self.write:
-            self._wait_for_start()
         evaluation = is_eval_log(logs)
         if "reward" not in logs and "loss" not in logs and not evaluation:
             if "train_runtime" in logs and self.show_progress:
