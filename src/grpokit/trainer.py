@@ -31,6 +31,7 @@ from . import checkpoints, fastpath, models, vision
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
+from .algorithms.truncation import sampling_truncation
 from .config.grpo_config import GRPOConfig, set_wandb_environment
 from .config.precision import resolve_precision
 from .config.redaction import hidden_secrets
@@ -185,12 +186,12 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         self._metrics = MetricBuffers(self._dist, self.accelerator.device)
         images = os.path.join(args.output_dir, "completions", "images") if args.log_multimodal else None
         self._completion_log = CompletionLog(args.generation_batch_size, image_dir=images)
-        # The latest generation batch as one dict per completion, for callbacks (the CLI's run recorder reads and
-        # clears it); bounded, so nothing accumulates when no one reads it.
+        # The latest generation batch, a dict per completion, for callbacks (the run recorder reads and clears it)
         self.logged_completions = self._completion_log.samples
         self._entropy_control = EntropyCoefficient.from_config(args)
         self._entropy_window = None  # (entropy sum, token count) of the current accumulation window
         self._loss_step_correction = LossStepCorrection(self._dist)  # vLLM's IS correction when on-policy
+        self._truncation = sampling_truncation(args)  # the sampler's top-k/p, min-p: the policy is scored over its set
         warn = logger.warning if self.accelerator.is_main_process else None
         self._unscorable = UnscorableRounds(args.max_unscorable_rounds, self.reward_func_names, warn)
         self._dynamic_sampling = None  # DAPO's dynamic sampling: see grpokit.rollout.dynamic
@@ -323,7 +324,9 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             rewards=self.rewards,
             settings=settings,
             eos_token_ids=self.eos_token_ids,
-            old_logps_fn=self._logps_fn(self.model, chunk) if self._needs_old_logps(settings, mode) else None,
+            old_logps_fn=self._logps_fn(self.model, chunk, self._truncation)
+            if self._needs_old_logps(settings, mode)
+            else None,
             ref_logps_fn=self._reference_logps_fn(chunk) if args.beta != 0.0 else None,
             reward_kwargs={
                 "trainer_state": self.state,
@@ -351,18 +354,14 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         not all fall inside one optimizer step. Otherwise the old log-probabilities equal the current ones."""
         return self.args.gradient_accumulation_steps % self.generate_every != 0
 
-    def _logps_fn(self, model, chunk_size):
+    def _logps_fn(self, model, chunk_size, truncation=None):
         def logps(input_ids, attention_mask, logits_to_keep, vision=None):
             with self.accelerator.autocast():
+                temperature = self.args.temperature
                 scores = score_tokens(
-                    model,
-                    input_ids,
-                    attention_mask,
-                    logits_to_keep,
-                    temperature=self.args.temperature,
-                    chunk_size=chunk_size,
-                    vision=vision,
-                )
+                    model, input_ids, attention_mask, logits_to_keep, temperature=temperature, chunk_size=chunk_size,
+                    vision=vision, truncation=truncation,
+                )  # fmt: skip
             return scores.logps
 
         return logps
@@ -407,6 +406,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 entropy_grad=self._entropy_control.enabled,
                 compute_aux_loss=self.aux_loss_enabled,
                 vision=inputs.get("vision"),
+                truncation=self._truncation,
             )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each
         old_logps = inputs.get("old_logps")  # None: on-policy

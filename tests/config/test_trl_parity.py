@@ -42,6 +42,7 @@ EXTRAS = {
         "dynamic_sampling",
         "dynamic_sampling_min_reward_std",
         "dynamic_sampling_max_rounds",
+        "logprobs_over_kept_tokens",
         # TRL's AsyncGRPOConfig's pipeline fields (TRL: a separate class), with async_grpo choosing that trainer
         "async_grpo",
         "max_staleness",

@@ -9,9 +9,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .truncation import Truncation, kept_mask, truncate_logits
+
 
 def token_logps_and_entropy(
-    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, compute_entropy: bool = True
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = True,
+    truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of each label token, and the entropy of each position's distribution.
 
@@ -23,11 +30,14 @@ def token_logps_and_entropy(
         labels: `(B, T)` token ids.
         temperature: > 0.
         compute_entropy: also return the entropies (else None).
+        truncation: the sampler's top-k / top-p / min-p: both outputs are then of the distribution renormalised over
+            the tokens they keep at each position (`grpokit.algorithms.truncation`); None: the whole vocabulary.
 
     Returns:
         `logps` `(B, T)` float32, and `entropies` `(B, T)` float32 (nats) or None. Both carry gradient.
     """
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    tempered = truncate_logits(logits.float() / temperature, truncation, labels)
+    log_probs = torch.log_softmax(tempered, dim=-1)  # (B, T, V)
     logps = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
     if not compute_entropy:
         return logps, None
@@ -50,6 +60,7 @@ def linear_token_logps(
     temperature: float = 1.0,
     entropy: str = "none",
     logits_per_chunk: int = LOGITS_PER_CHUNK,
+    truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logps_and_entropy` of the logits `hidden @ weight.T + bias`, without ever holding them all.
 
@@ -63,6 +74,7 @@ def linear_token_logps(
         labels: `(N,)` the token each row predicts.
         temperature: the logits are divided by it.
         entropy: "none" (not computed), "detached" (computed, without gradient: for logging and masks) or "grad".
+        truncation: as in `token_logps_and_entropy` (the kept set is recomputed with each chunk's logits).
 
     Returns:
         `logps` `(N,)` float32 with gradient, and `entropies` `(N,)` float32 or None.
@@ -70,14 +82,22 @@ def linear_token_logps(
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy={entropy!r}: expected one of {ENTROPY_MODES}")
     rows = max(1, logits_per_chunk // weight.size(0))
-    logps, entropies = _LinearLogSoftmax.apply(hidden, weight, bias, labels, temperature, entropy, rows)
+    truncation = truncation if truncation is not None and truncation.active else None
+    logps, entropies = _LinearLogSoftmax.apply(hidden, weight, bias, labels, temperature, entropy, rows, truncation)
     return logps, (None if entropy == "none" else entropies)
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head)."""
+def _chunk_logits(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, truncation=None, labels=None
+) -> Tensor:
+    """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head), -inf
+    outside the kept set of `truncation` (None: none)."""
     logits = (hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())).float()
-    return logits if temperature == 1.0 else logits.div_(temperature)  # a fresh tensor: in place, one pass less
+    if temperature != 1.0:
+        logits.div_(temperature)  # a fresh tensor: in place, one pass less
+    if truncation is not None:
+        logits.masked_fill_(~kept_mask(logits, truncation, labels), -torch.inf)
+    return logits
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
@@ -85,7 +105,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
     recomputed logits -> d(loss)/d(logits) -> gradients of `hidden`, `weight` and `bias`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, entropy, rows):
+    def forward(ctx, hidden, weight, bias, labels, temperature, entropy, rows, truncation):
         ctx.set_materialize_grads(False)
         n = hidden.size(0)
         logps = hidden.new_empty(n, dtype=torch.float32)
@@ -93,7 +113,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
         entropies = hidden.new_zeros(n if entropy != "none" else 0, dtype=torch.float32)
         for start in range(0, n, rows):
             chunk = slice(start, start + rows)
-            logits = _chunk_logits(hidden[chunk], weight, bias, temperature)  # (n, V)
+            logits = _chunk_logits(hidden[chunk], weight, bias, temperature, truncation, labels[chunk])  # (n, V)
             log_norms[chunk] = torch.logsumexp(logits, dim=-1)
             log_probs = logits.sub_(log_norms[chunk].unsqueeze(-1))  # in place: the logits are not needed after
             logps[chunk] = log_probs.gather(-1, labels[chunk].unsqueeze(-1)).squeeze(-1)
@@ -101,7 +121,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 entropies[chunk] = _entropy(log_probs)
             del logits, log_probs
         ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies)
-        ctx.temperature, ctx.rows = temperature, rows
+        ctx.temperature, ctx.rows, ctx.truncation = temperature, rows, truncation
         device = hidden.device.type  # the backward pass recomputes the logits under the same autocast state
         ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         if entropy != "grad":
@@ -119,7 +139,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
             chunk = slice(start, start + ctx.rows)
             device, dtype, enabled = ctx.autocast
             with torch.autocast(device, dtype=dtype, enabled=enabled):
-                logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature)
+                logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature, ctx.truncation, labels[chunk])
             grad_logits = _chunk_grad_logits(
                 logits,
                 labels[chunk],
@@ -138,7 +158,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 grad_bias += grad_logits.sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def _entropy(log_probs: Tensor) -> Tensor:

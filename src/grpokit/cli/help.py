@@ -83,6 +83,7 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "top_k",
             "min_p",
             "repetition_penalty",
+            "logprobs_over_kept_tokens",
             "generation_kwargs",
             "chat_template_kwargs",
             "cache_implementation",

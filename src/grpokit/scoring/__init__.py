@@ -49,6 +49,7 @@ def score_tokens(
     compute_aux_loss: bool = False,
     share_prefix: bool = True,
     vision=None,
+    truncation=None,
 ) -> TokenScores:
     """Log-probabilities of the last `logits_to_keep` tokens of each row under `model`.
 
@@ -66,6 +67,8 @@ def score_tokens(
         share_prefix: use the shared-prefix pass where the model allows it.
         vision: a vision-language model's image inputs (`grpokit.vision.VisionRows`, one entry per row); the plain
             pass then runs, giving each chunk of rows its own images.
+        truncation: the sampler's top-k / top-p / min-p (`grpokit.algorithms.truncation.Truncation`): the
+            log-probabilities and entropies are then over the tokens it keeps at each position; None: the vocabulary.
 
     Returns:
         `TokenScores` with `(B, C)` float32 tensors; gradients flow unless called under `torch.no_grad()`. Positions
@@ -79,7 +82,13 @@ def score_tokens(
         rows = slice(start, start + chunk_size)
         if lm is not None:
             chunk_logps, chunk_entropies = score_shared_prefix(
-                lm, input_ids[rows], attention_mask[rows], logits_to_keep, temperature=temperature, entropy=entropy
+                lm,
+                input_ids[rows],
+                attention_mask[rows],
+                logits_to_keep,
+                temperature=temperature,
+                entropy=entropy,
+                truncation=truncation,
             )
         else:
             extra = (
@@ -98,6 +107,7 @@ def score_tokens(
                 entropy,
                 compute_aux_loss,
                 extra,
+                truncation,
             )
             aux_losses.append(aux_loss)
         logps.append(chunk_logps)
@@ -109,7 +119,9 @@ def score_tokens(
     )
 
 
-def _score_plain(model, input_ids, attention_mask, logits_to_keep, temperature, entropy, compute_aux_loss, extra):
+def _score_plain(
+    model, input_ids, attention_mask, logits_to_keep, temperature, entropy, compute_aux_loss, extra, truncation=None
+):
     """`(logps, entropies or None, aux_loss or None)` of one chunk of rows by the model's own forward pass; `extra`:
     more model inputs (images)."""
     extra = {**extra, "output_router_logits": True} if compute_aux_loss else extra
@@ -124,17 +136,19 @@ def _score_plain(model, input_ids, attention_mask, logits_to_keep, temperature, 
     )
     logits = outputs.logits[:, -logits_to_keep - 1 : -1]  # (rows, C, V), in the model's dtype
     labels = input_ids[:, -logits_to_keep:]
-    logps, entropies = _logps_in_slices(logits, labels, temperature, entropy == "grad")
+    logps, entropies = _logps_in_slices(logits, labels, temperature, entropy == "grad", truncation)
     if entropy == "detached":
         with torch.no_grad():
-            entropies = _logps_in_slices(logits.detach(), labels, temperature, True)[1]
+            entropies = _logps_in_slices(logits.detach(), labels, temperature, True, truncation)[1]
     return logps, entropies, outputs.aux_loss if compute_aux_loss else None
 
 
-def _logps_in_slices(logits: Tensor, labels: Tensor, temperature: float, compute_entropy: bool):
+def _logps_in_slices(logits: Tensor, labels: Tensor, temperature: float, compute_entropy: bool, truncation=None):
     """`token_logps_and_entropy` over slices of rows small enough for the float32 budget; checkpointed under grad."""
     rows_per_slice = max(1, FLOAT32_BUDGET // max(1, logits.size(1) * logits.size(2)))
-    fn = functools.partial(token_logps_and_entropy, temperature=temperature, compute_entropy=compute_entropy)
+    fn = functools.partial(
+        token_logps_and_entropy, temperature=temperature, compute_entropy=compute_entropy, truncation=truncation
+    )
     logps, entropies = [], []
     for start in range(0, logits.size(0), rows_per_slice):
         rows = slice(start, start + rows_per_slice)

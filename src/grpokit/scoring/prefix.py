@@ -131,6 +131,7 @@ def score_shared_prefix(
     *,
     temperature: float = 1.0,
     entropy: str = "none",
+    truncation=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probabilities (and entropies) of the last `logits_to_keep` tokens, each prompt run once.
 
@@ -139,6 +140,7 @@ def score_shared_prefix(
         input_ids, attention_mask: `(B, P + C)`, the prompt left-padded, the completion right-padded.
         logits_to_keep: C.
         entropy: "none", "detached" or "grad" (see `linear_token_logps`).
+        truncation: the sampler's filters (`grpokit.algorithms.truncation.Truncation`), or None.
 
     Returns:
         `(B, C)` float32 log-probabilities and entropies (or None); 0 where the completion is padding.
@@ -158,7 +160,7 @@ def score_shared_prefix(
     head = lm.get_output_embeddings()
     labels = input_ids[:, prompt_len:][active]
     logps, entropies = linear_token_logps(
-        hidden[active], head.weight, head.bias, labels, temperature=temperature, entropy=entropy
+        hidden[active], head.weight, head.bias, labels, temperature=temperature, entropy=entropy, truncation=truncation
     )
     return _scatter(logps, active), None if entropies is None else _scatter(entropies, active)
 

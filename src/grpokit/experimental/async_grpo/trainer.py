@@ -167,6 +167,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
             lambda policy: build_generator(_without_vllm(args), policy=policy, **common),
             args.temperature,
             vision.tokenizer_of(processor).pad_token_id,
+            truncation=self._truncation,  # its logprobs are of the distribution it samples from, as vLLM's
         )
 
     def _start_pipeline(self) -> None:

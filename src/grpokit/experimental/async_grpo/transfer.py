@@ -93,11 +93,18 @@ class ServerWeightTransfer:
 class LocalSampler:
     """A generation backend over a private copy of the policy, returning the sampler's log-probabilities."""
 
-    def __init__(self, policy: torch.nn.Module, build: Callable[[Callable], object], temperature: float, pad_id: int):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        build: Callable[[Callable], object],
+        temperature: float,
+        pad_id: int,
+        truncation=None,
+    ):
         self.model = copy.deepcopy(policy).eval()
         self.model.requires_grad_(False)
         self.inner = build(lambda: contextlib.nullcontext(self.model))
-        self.temperature, self.pad_id = temperature, pad_id
+        self.temperature, self.pad_id, self.truncation = temperature, pad_id, truncation
         self.lock = threading.Lock()  # held while generating; a weight copy waits for it
 
     def generate(self, prompt_ids: list[list[int]], vision=None) -> Generated:
@@ -120,7 +127,15 @@ class LocalSampler:
         ).to(device)
         if completion.size(1) == 0:
             return [[] for _ in completions]
-        scores = score_tokens(self.model, ids, mask, completion.size(1), temperature=self.temperature, vision=vision)
+        scores = score_tokens(
+            self.model,
+            ids,
+            mask,
+            completion.size(1),
+            temperature=self.temperature,
+            vision=vision,
+            truncation=self.truncation,
+        )
         return [row[: len(c)].float().tolist() for row, c in zip(scores.logps, completions, strict=True)]
 
     def sync_weights(self, model) -> None:
