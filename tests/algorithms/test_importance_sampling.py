@@ -272,3 +272,44 @@ def test_policy_loss_weights_the_policy_term_but_not_the_kl():
     common["importance_sampling_ratio"] = torch.tensor([[0.5], [0.0]], dtype=torch.float64)
     loss = policy_loss(logps, None, advantages, torch.ones(2, 2), **common)
     assert loss.item() == pytest.approx(-0.25 + 0.1 * kl)
+
+
+def _mismatch_inputs():
+    """Known differences old - sampling: 0.1, -0.2 (row 0), 0.0 and 0.5 (row 1; its second token's sampling logprob
+    is NaN: unknown, left out; row 0's third token is padding)."""
+    old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.7, -1.0]], dtype=torch.float64)
+    sampling = torch.tensor([[-1.1, -1.8, 5.0], [-0.5, float("nan"), -1.5]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    return old, sampling, mask
+
+
+def test_sampler_mismatch_by_hand():
+    from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics
+
+    old, sampling, mask = _mismatch_inputs()
+    sums, log_ratios = sampler_mismatch(old, sampling, mask)
+    assert sums.tolist() == pytest.approx([4, 0.8, 0.4, 2, 0])  # 4 tokens, 2 sequences, nothing outside: no mode
+    assert sorted(log_ratios.tolist()) == pytest.approx([-0.2, 0.0, 0.1, 0.5])
+    metrics = sampler_mismatch_metrics(sums, log_ratios, None)
+    assert metrics["sampler/logprob_gap"] == pytest.approx(0.2)
+    assert metrics["sampler/logprob_bias"] == pytest.approx(0.1)
+    # linear quantiles of (-0.2, 0, 0.1, 0.5): positions 0.15, 1.5, 2.85 -> -0.17, 0.05, 0.44
+    assert metrics["sampler/ratio/p05"] == pytest.approx(math.exp(-0.17))
+    assert metrics["sampler/ratio/p50"] == pytest.approx(math.exp(0.05))
+    assert metrics["sampler/ratio/p95"] == pytest.approx(math.exp(0.44))
+    assert "sampler/masked_fraction" not in metrics and "sampler/clipped_fraction" not in metrics
+
+
+def test_sampler_mismatch_counts_what_the_correction_drops_or_clamps():
+    from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics
+
+    old, sampling, mask = _mismatch_inputs()
+    # token_mask in [0.9, 1.5]: exp(-0.2) = 0.819 and exp(0.5) = 1.649 fall outside: 2 of 4 tokens
+    sums, log_ratios = sampler_mismatch(old, sampling, mask, mode="token_mask", clip_min=0.9, clip_max=1.5)
+    assert sampler_mismatch_metrics(sums, log_ratios, "token_mask")["sampler/masked_fraction"] == pytest.approx(0.5)
+    # sequence_truncate, clip_max 1.5: rows sum to -0.1 (0.905) and 0.5 (1.649): 1 of 2 sequences clamped
+    sums, log_ratios = sampler_mismatch(old, sampling, mask, mode="sequence_truncate", clip_max=1.5)
+    metrics = sampler_mismatch_metrics(sums, log_ratios, "sequence_truncate")
+    assert metrics["sampler/clipped_fraction"] == pytest.approx(0.5)
+    empty = sampler_mismatch(old, sampling, torch.zeros_like(mask))
+    assert sampler_mismatch_metrics(*empty, None) == {}

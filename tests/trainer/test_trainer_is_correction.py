@@ -24,6 +24,16 @@ SAMPLING_METRICS = [
     "sampling/importance_sampling_ratio/max",
 ]
 
+# grpokit's own: logged whenever the backend gives sampling logprobs, with or without a correction
+SAMPLER_METRICS = [
+    "sampler/logprob_gap",
+    "sampler/logprob_bias",
+    "sampler/ratio/p05",
+    "sampler/ratio/p50",
+    "sampler/ratio/p95",
+]
+FRACTION = {"token_truncate": "sampler/clipped_fraction", "sequence_mask": "sampler/masked_fraction"}
+
 
 class SamplerWithLogprobs:
     """The trainer's generator, reporting a sampler's logprobs as vLLM does: a fixed -4.5 per token, so that the
@@ -101,7 +111,7 @@ def test_on_policy_correction_from_the_training_forward_equals_the_separate_pass
         torch.testing.assert_close(grad, slow["grads"][name], rtol=1e-4, atol=1e-6)
     fast_log = next(e for e in fast_trainer.state.log_history if SAMPLING_METRICS[0] in e)
     slow_log = next(e for e in slow_trainer.state.log_history if SAMPLING_METRICS[0] in e)
-    for name in SAMPLING_METRICS:
+    for name in SAMPLING_METRICS + SAMPLER_METRICS + [FRACTION[mode]]:
         assert fast_log[name] == pytest.approx(slow_log[name], rel=1e-5, abs=1e-6), name
     assert fast_log["loss"] == pytest.approx(slow_log["loss"], rel=1e-5, abs=1e-6)
 
@@ -157,3 +167,29 @@ def test_loss_step_correction_by_hand():
     # the round is over: the next call starts a new one
     _, metrics = correction.weights(old[:1], sampling[:1], mask[:1], settings, parts=1)
     assert metrics["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25)
+
+
+def test_the_sampler_metrics_are_logged_without_a_correction(tiny_model, tiny_tokenizer, dataset, make_args):
+    """vllm_importance_sampling_correction off: no weights, no TRL `sampling/*` metrics, but the `sampler/*` ones,
+    from the training forward's log-probabilities against the sampler's fixed -4.5: the gap is the mean |old + 4.5|,
+    the bias its signed mean, and the ratio's quantiles are ordered."""
+    args = make_args(max_steps=1, vllm_importance_sampling_correction=False)
+    trainer = GRPOTrainer(tiny_model, text_reward, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+    trainer.generator = SamplerWithLogprobs(trainer.generator)
+    trainer.args.use_vllm = True
+    seen = []
+    original = trainer._loss_step_correction.weights
+
+    def recorded(logps, sampling_logps, loss_mask, settings, parts):
+        seen.append((logps.detach().clone(), loss_mask.clone()))
+        return original(logps, sampling_logps, loss_mask, settings, parts)
+
+    trainer._loss_step_correction.weights = recorded
+    trainer.train()
+    logged = next(e for e in trainer.state.log_history if "sampler/logprob_gap" in e)
+    assert not any(name.startswith("sampling/") for name in logged)
+    assert "sampler/masked_fraction" not in logged and "sampler/clipped_fraction" not in logged
+    deltas = torch.cat([(logps + 4.5)[mask.bool()] for logps, mask in seen])
+    assert logged["sampler/logprob_gap"] == pytest.approx(deltas.abs().mean().item(), rel=1e-4)
+    assert logged["sampler/logprob_bias"] == pytest.approx(deltas.mean().item(), rel=1e-4, abs=1e-6)
+    assert logged["sampler/ratio/p05"] <= logged["sampler/ratio/p50"] <= logged["sampler/ratio/p95"]

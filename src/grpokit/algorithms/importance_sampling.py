@@ -137,3 +137,75 @@ def vllm_sampling_metrics(
         "sampling/importance_sampling_ratio/mean": (stat(weights, torch.mean), PROCESS_MEAN),
         "sampling/importance_sampling_ratio/max": (stat(weights, torch.max), PROCESS_MAX),
     }
+
+
+@torch.no_grad()
+def sampler_mismatch(
+    old_logps: Tensor,
+    sampling_logps: Tensor,
+    completion_mask: Tensor,
+    *,
+    mode: str | None = None,
+    clip_min: float | None = None,
+    clip_max: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One process's share of grpokit's `sampler/*` metrics: how far the learner's log-probabilities of the sampled
+    tokens (`old_logps`, before any update) are from the sampler's, whether or not a correction is on.
+
+    Returns `(sums, log_ratios)`: `sums` float64 `(5,)` = [tokens, sum |d|, sum d, units, units outside], where
+    d = old_logps - sampling_logps over the active tokens whose sampling log-probability is known (not NaN); units
+    are those tokens in token modes, the sequences with at least one of them in sequence modes (and with no mode);
+    "outside" counts the units whose weight `exp(d)` (a sequence: `exp(sum d)`) lies strictly outside
+    `[clip_min, clip_max]`: what a mask mode sets to 0 and a truncate mode clamps (0 without a mode). `log_ratios`:
+    the d values `(tokens,)`, for quantiles over every process. Sums add up over processes, so their ratios are
+    token means over all processes, not means of per-process means."""
+    known = completion_mask.bool() & ~torch.isnan(sampling_logps)
+    delta = (old_logps.double() - sampling_logps.double()).masked_fill(~known, 0.0)
+    if mode in SEQUENCE_MODES or mode is None:
+        rows = known.any(dim=-1)
+        unit_log_weights = delta.sum(dim=-1)[rows]
+    else:
+        unit_log_weights = delta[known]
+    outside = torch.zeros((), dtype=torch.float64, device=delta.device)
+    if mode is not None:
+        low = -math.inf if clip_min is None or clip_min <= 0 else math.log(clip_min)
+        high = math.inf if clip_max is None else math.log(clip_max)
+        outside = ((unit_log_weights < low) | (unit_log_weights > high)).sum().double()
+    sums = torch.stack(
+        [
+            known.sum().double(),
+            delta.abs().sum(),
+            delta.sum(),
+            torch.tensor(float(unit_log_weights.numel()), dtype=torch.float64, device=delta.device),
+            outside,
+        ]
+    )
+    return sums, delta[known]
+
+
+RATIO_QUANTILES = (0.05, 0.5, 0.95)
+
+
+def sampler_mismatch_metrics(sums: Tensor, log_ratios: Tensor, mode: str | None) -> dict[str, float]:
+    """The `sampler/*` metrics from `sampler_mismatch`'s values summed (`sums`) and concatenated (`log_ratios`) over
+    processes: `sampler/logprob_gap` (mean |learner - sampler| per token, nats), `sampler/logprob_bias` (its signed
+    mean: below 0 when the learner gives the sampled tokens less probability than the sampler did, as when a
+    truncating sampler's kept set is ignored), `sampler/ratio/p05`, `/p50`, `/p95` (quantiles of the per-token ratio
+    learner / sampler), and with a correction mode `sampler/masked_fraction` (mask modes) or
+    `sampler/clipped_fraction` (truncate modes): the share of its units (tokens or sequences) outside the bounds.
+    Empty when no token had both log-probabilities."""
+    tokens, gap, bias, units, outside = sums.tolist()
+    if tokens == 0:
+        return {}
+    quantiles = torch.quantile(log_ratios.double(), torch.tensor(RATIO_QUANTILES, dtype=torch.float64)).exp()
+    metrics = {
+        "sampler/logprob_gap": gap / tokens,
+        "sampler/logprob_bias": bias / tokens,
+        **{
+            f"sampler/ratio/p{round(q * 100):02d}": v for q, v in zip(RATIO_QUANTILES, quantiles.tolist(), strict=True)
+        },
+    }
+    if mode is not None:
+        name = "sampler/clipped_fraction" if mode in TRUNCATE_MODES else "sampler/masked_fraction"
+        metrics[name] = outside / max(units, 1.0)
+    return metrics

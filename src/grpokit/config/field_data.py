@@ -999,6 +999,18 @@ TABLE = {'fields': [{'name': 'output_dir',
              'owner': 'GRPOConfig',
              'init': True,
              'default': 1.0},
+            {'name': 'logprobs_over_kept_tokens',
+             'type': ['bool'],
+             'help': 'When sampling truncates (top_k > 0, top_p < 1 or min_p, generation_kwargs included), score the '
+                     'policy over the tokens those filters keep at each position, renormalised: the distribution the '
+                     "completions were drawn from, so the policy ratio, vLLM's importance weights and the entropies "
+                     'compare like with like (equal weights give a sampler/learner ratio of 1). The loss then '
+                     'optimises that truncated policy. The reference model stays scored over the whole vocabulary. '
+                     'false: the whole vocabulary, as TRL 1.16 (with equal weights its ratio is the kept mass, below '
+                     '1). No effect without truncation. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': True},
             {'name': 'generation_kwargs',
              'type': ['union', [['dict'], ['str'], ['none']]],
              'help': "Extra keyword arguments for generation (e.g. {'min_new_tokens': 32}); they override the "

@@ -16,16 +16,19 @@ import torch
 from torch import Tensor, nn
 
 from grpokit.algorithms import vllm_importance_weights, vllm_sampling_metrics
+from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics
 
 REDUCTIONS = {"mean": "mean", "min": "amin", "max": "amax"}
 
 
 def sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist) -> dict:
     """The vLLM importance weights (under "ratio") and TRL's `sampling/*` metrics of one process's generation batch,
-    reduced over processes; empty when the correction is off (`settings.importance_sampling_mode` None) or either
-    log-probability is missing."""
-    if settings.importance_sampling_mode is None or sampling_logps is None or old_logps is None:
+    with grpokit's `sampler/*` ones, reduced over processes. Empty when either log-probability is missing; without a
+    correction (`settings.importance_sampling_mode` None) only the `sampler/*` metrics."""
+    if sampling_logps is None or old_logps is None:
         return {}
+    if settings.importance_sampling_mode is None:
+        return _reduced_metrics(old_logps, sampling_logps, loss_mask, None, settings, dist)
     ratio = _weights(old_logps, sampling_logps, loss_mask, settings)
     return {"ratio": ratio, **_reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist)}
 
@@ -43,12 +46,25 @@ def _weights(old_logps, sampling_logps, loss_mask, settings) -> Tensor:
 
 
 def _reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist) -> dict[str, float]:
-    stats = vllm_sampling_metrics(old_logps, sampling_logps, loss_mask, ratio, mode=settings.importance_sampling_mode)
+    """TRL's `sampling/*` metrics (with a correction: `ratio` its weights) and grpokit's `sampler/*` ones."""
+    mode = settings.importance_sampling_mode
     out = {}
-    for name, (value, reduction) in stats.items():
-        gathered = dist.gather(value.reshape(1).float())
-        out[name] = getattr(gathered, REDUCTIONS[reduction])().item()
-    return out
+    if mode is not None:
+        stats = vllm_sampling_metrics(old_logps, sampling_logps, loss_mask, ratio, mode=mode)
+        for name, (value, reduction) in stats.items():
+            gathered = dist.gather(value.reshape(1).float())
+            out[name] = getattr(gathered, REDUCTIONS[reduction])().item()
+    sums, log_ratios = sampler_mismatch(
+        old_logps,
+        sampling_logps,
+        loss_mask,
+        mode=mode,
+        clip_min=settings.importance_sampling_clip_min,
+        clip_max=settings.importance_sampling_clip_max,
+    )
+    sums = dist.gather(sums.reshape(1, -1)).sum(dim=0)
+    log_ratios = dist.gather_padded(log_ratios, pad_value=float("inf"))
+    return {**out, **sampler_mismatch_metrics(sums, log_ratios, mode)}
 
 
 def has_active_dropout(model: nn.Module) -> bool:
@@ -88,9 +104,10 @@ class LossStepCorrection:
     ) -> Tensor | None:
         """The importance weights of this micro-batch (`inputs`, a micro-batch without old log-probabilities), or
         None when the correction is off or the backend gave no sampling logprobs. At the round's last micro-batch
-        (the `parts`-th call) the round's metrics are appended to `metrics` (name -> list)."""
+        (the `parts`-th call) the round's metrics are appended to `metrics` (name -> list): TRL's `sampling/*`
+        with a correction, grpokit's `sampler/*` whenever the backend gave sampling logprobs."""
         sampling_logps = inputs.get("sampling_logps")
-        if settings.importance_sampling_mode is None or sampling_logps is None:
+        if sampling_logps is None:
             return None
         ratio, stats = self.weights(logps, sampling_logps, loss_mask, settings, parts)
         for name, value in stats.items():
@@ -100,13 +117,19 @@ class LossStepCorrection:
     def weights(
         self, logps: Tensor, sampling_logps: Tensor, loss_mask: Tensor, settings, parts: int
     ) -> tuple[Tensor, dict[str, float]]:
-        """(weights for this micro-batch, the round's metrics or {} before its last of `parts` micro-batches)."""
+        """(weights for this micro-batch (None without a correction), the round's metrics or {} before its last of
+        `parts` micro-batches)."""
         logps = logps.detach()
-        ratio = _weights(logps, sampling_logps, loss_mask, settings)
+        ratio = (
+            None if settings.importance_sampling_mode is None else _weights(logps, sampling_logps, loss_mask, settings)
+        )
         self._rows.append((logps, sampling_logps, loss_mask, ratio))
         if len(self._rows) < parts:
             return ratio, {}
-        columns = [torch.cat(parts_, dim=0) for parts_ in zip(*self._rows, strict=True)]
+        columns = [
+            None if any(p is None for p in parts_) else torch.cat(parts_, dim=0)
+            for parts_ in zip(*self._rows, strict=True)
+        ]
         self._rows = []
         return ratio, _reduced_metrics(*columns, settings, self._dist)
 
