@@ -64,6 +64,24 @@ def test_the_curves_land_where_the_axes_put_them(tmp_path):
     assert image.getpixel((385, 435)) == (255, 255, 255)
 
 
+def test_the_sampler_panel_appears_when_the_run_logged_the_mismatch(tmp_path):
+    """Rows with sampler/ratio/*: a third panel below the loss (the image grows to 800 px); a constant ratio of 1 puts
+    its median at the middle of the panel's [0.5, 1.5] limits, y (598 + 752) / 2 = 675, drawn in teal."""
+    rows = [
+        {"step": s, "reward": s / 10, "loss": 0.0, "sampler/ratio/p05": 1.0, "sampler/ratio/p50": 1.0,
+         "sampler/ratio/p95": 1.0}
+        for s in range(1, 10)
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    image = Image.open(plot_run(str(tmp_path))).convert("RGB")
+    assert image.size == (700, 800)
+    assert _colour_near(image.getpixel((385, 675)), (23, 190, 207))
+    assert image.getpixel((385, 655)) == (255, 255, 255)
+    rows = [{k: v for k, v in r.items() if not k.startswith("sampler/")} for r in rows]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert Image.open(plot_run(str(tmp_path))).size == (700, 600)  # no mismatch logged: two panels
+
+
 def test_a_run_never_imports_matplotlib(tmp_path):
     """The plot is drawn without matplotlib: its import alone cost 0.3-0.4 s of train()."""
     rows = [{"step": s, "reward": 0.1 * s, "loss": 0.0, "eval_reward": 0.2} for s in (1, 2)]

@@ -17,6 +17,9 @@ SCALE = 2  # shapes are drawn at SCALE x the size, then reduced: antialiasing
 # Each panel's box (left, top, right, bottom) in pixels of the final image: the same for every run
 REWARD_BOX = (91, 52, 679, 318)
 LOSS_BOX = (91, 358, 679, 552)
+# A third panel when the run logged the sampler/learner mismatch (sampler/ratio/*): the image grows to SAMPLER_HEIGHT
+SAMPLER_BOX = (91, 598, 679, 752)
+SAMPLER_HEIGHT = 800
 MARGIN = 0.05  # of the data range, on each side of both axes (as matplotlib's default)
 COLOURS = {  # matplotlib's tab10, so that plots read as before
     "blue": (31, 119, 180),
@@ -29,6 +32,7 @@ GRID = (176, 176, 176, 77)
 BAND_ALPHA = 51  # of 255: the ± reward_std band
 LINE_WIDTH = 2  # pixels of the final image
 LOSS_NOTE = "loss: near 0 by design in GRPO (advantages average to 0 per group); the reward shows progress"
+SAMPLER_NOTE = "learner / sampler probability of sampled tokens: median, 5-95 % band (1: agree); dotted: share dropped"
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -56,12 +60,13 @@ def has_reward_rows(run_dir: str) -> bool:
 
 def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
     """The series the plot draws, from metrics.jsonl rows: {"reward": {step, mean, std}, "loss": {step, value},
-    "eval_reward": {step, mean, std}, "tool_calls": {step, value}, "held_out": {step, value}}; a series with no rows
-    has empty lists. Training rows are those with `reward`, evaluation rows those with `eval_reward` (TRL's names; an
+    "eval_reward": {step, mean, std}, "tool_calls": {step, value}, "held_out": {step, value}, "sampler": {step, p05,
+    p50, p95, dropped}}; a series with no rows has empty lists. Training rows are those with `reward`, evaluation rows those with `eval_reward` (TRL's names; an
     evaluation's row has no `reward`)."""
     train = [r for r in rows if "reward" in r and "step" in r]
     evaluation = [r for r in rows if "eval_reward" in r and "step" in r]
     losses = [r for r in train if "loss" in r]
+    mismatch = [r for r in train if "sampler/ratio/p50" in r]
     return {
         "reward": {
             "step": [r["step"] for r in train],
@@ -81,6 +86,13 @@ def curve_series(rows: list[dict]) -> dict[str, dict[str, list]]:
         "held_out": {
             "step": [r["step"] for r in rows if "held_out/greedy_accuracy" in r],
             "value": [r["held_out/greedy_accuracy"] for r in rows if "held_out/greedy_accuracy" in r],
+        },
+        "sampler": {
+            "step": [r["step"] for r in mismatch],
+            "p05": [r.get("sampler/ratio/p05", r["sampler/ratio/p50"]) for r in mismatch],
+            "p50": [r["sampler/ratio/p50"] for r in mismatch],
+            "p95": [r.get("sampler/ratio/p95", r["sampler/ratio/p50"]) for r in mismatch],
+            "dropped": [r.get("sampler/masked_fraction", r.get("sampler/clipped_fraction")) for r in mismatch],
         },
     }
 
@@ -306,11 +318,21 @@ def plot_run(run_dir: str) -> str:
     bottom = Panel(LOSS_BOX, x_limits, data_range(loss["value"]))
     x_ticks = ticks(*x_limits, integer=True)
     top_ticks, bottom_ticks = ticks(*top.y_limits, count=5), ticks(*bottom.y_limits, count=4)
+    mismatch = series["sampler"]
+    third = None
+    if mismatch["step"]:
+        dropped = [v for v in mismatch["dropped"] if v is not None]
+        third = Panel(SAMPLER_BOX, x_limits, data_range(mismatch["p05"] + mismatch["p95"] + [1.0] + dropped))
+        third_ticks = ticks(*third.y_limits, count=4)
+    height = SAMPLER_HEIGHT if third else SIZE[1]
 
-    image = Image.new("RGB", (SIZE[0] * SCALE, SIZE[1] * SCALE), (255, 255, 255))
+    image = Image.new("RGB", (SIZE[0] * SCALE, height * SCALE), (255, 255, 255))
     draw = ImageDraw.Draw(image, "RGBA")  # RGBA fills blend into the RGB image: the band, the grid
     _frame(draw, top, x_ticks, top_ticks)
     _frame(draw, bottom, x_ticks, bottom_ticks)
+    if third:
+        _frame(draw, third, x_ticks, third_ticks)
+        _sampler_curves(draw, third, mismatch)
     band = [(s, u, lo) for s, u, lo in zip(reward["step"], upper, lower, strict=True) if _finite(u) and _finite(lo)]
     if len(band) > 1:
         outline = [top.at(s, u) for s, u, _ in band] + [top.at(s, lo) for s, _, lo in reversed(band)]
@@ -345,23 +367,52 @@ def plot_run(run_dir: str) -> str:
         _line(draw, piece, COLOURS["red"])
     _box(draw, top, x_ticks, top_ticks)
     _box(draw, bottom, x_ticks, bottom_ticks)
+    if third:
+        _box(draw, third, x_ticks, third_ticks)
 
     small, normal, large = _font(11), _font(13), _font(16)
     entries = _legend_shapes(draw, legend, normal)
     image = image.reduce(SCALE)
     draw = ImageDraw.Draw(image)
     _labels(draw, top, x_ticks, top_ticks, normal, x_labels=False)
-    _labels(draw, bottom, x_ticks, bottom_ticks, normal, x_labels=True)
+    _labels(draw, bottom, x_ticks, bottom_ticks, normal, x_labels=third is None)
+    last = LOSS_BOX
+    if third:
+        _labels(draw, third, x_ticks, third_ticks, normal, x_labels=True)
+        _text(
+            draw, ((SAMPLER_BOX[0] + SAMPLER_BOX[2]) / 2, SAMPLER_BOX[1] - 6), SAMPLER_NOTE, small, "center", "bottom"
+        )
+        _vertical_text(image, (22, (SAMPLER_BOX[1] + SAMPLER_BOX[3]) / 2), "ratio", normal)
+        last = SAMPLER_BOX
     for text, xy in entries:
         _text(draw, xy, text, normal, "left", "middle")
     _text(draw, (SIZE[0] / 2, 14), os.path.basename(os.path.abspath(run_dir)), large, "center", "top")
     _text(draw, ((LOSS_BOX[0] + LOSS_BOX[2]) / 2, LOSS_BOX[1] - 6), LOSS_NOTE, small, "center", "bottom")
-    _text(draw, ((LOSS_BOX[0] + LOSS_BOX[2]) / 2, LOSS_BOX[3] + 26), "optimizer step", normal, "center", "top")
+    _text(draw, ((last[0] + last[2]) / 2, last[3] + 26), "optimizer step", normal, "center", "top")
     _vertical_text(image, (22, (REWARD_BOX[1] + REWARD_BOX[3]) / 2), "reward", normal)
     _vertical_text(image, (22, (LOSS_BOX[1] + LOSS_BOX[3]) / 2), "loss", normal)
     path = os.path.join(run_dir, "reward_curve.png")
     image.save(path, "PNG", compress_level=1)  # zlib's fastest level: the file stays small (a few tens of KB)
     return path
+
+
+def _sampler_curves(draw, panel: Panel, mismatch: dict) -> None:
+    """The mismatch panel's curves: a grey line at 1, the p05-p95 band and the median (teal), and the share a
+    correction masked or clamped (dotted red), where logged."""
+    left, _, right, _ = panel.box
+    draw.line([(left * SCALE, panel.y(1.0)), (right * SCALE, panel.y(1.0))], fill=(120, 120, 120), width=SCALE)
+    band = [(s, lo, hi) for s, lo, hi in zip(mismatch["step"], mismatch["p05"], mismatch["p95"], strict=True)]
+    band = [(s, lo, hi) for s, lo, hi in band if _finite(lo) and _finite(hi)]
+    teal = (23, 190, 207)
+    if len(band) > 1:
+        outline = [panel.at(s, hi) for s, _, hi in band] + [panel.at(s, lo) for s, lo, _ in reversed(band)]
+        draw.polygon(outline, fill=teal + (BAND_ALPHA,))
+    for piece in panel.pieces(mismatch["step"], mismatch["p50"]):
+        _line(draw, piece, teal)
+    dropped = [(s, v) for s, v in zip(mismatch["step"], mismatch["dropped"], strict=True) if v is not None]
+    if dropped:
+        for piece in panel.pieces([s for s, _ in dropped], [v for _, v in dropped]):
+            _line(draw, piece, COLOURS["red"], "dotted")
 
 
 def _legend_shapes(draw, entries, font) -> list[tuple[str, tuple[float, float]]]:
