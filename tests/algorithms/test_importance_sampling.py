@@ -313,3 +313,39 @@ def test_sampler_mismatch_counts_what_the_correction_drops_or_clamps():
     assert metrics["sampler/clipped_fraction"] == pytest.approx(0.5)
     empty = sampler_mismatch(old, sampling, torch.zeros_like(mask))
     assert sampler_mismatch_metrics(*empty, None) == {}
+
+
+def test_geometric_sequence_weights_take_the_mean_not_the_sum():
+    """Rows' known differences: (0.1, -0.2) and (0.0, 0.5): mean -0.05 and 0.25 (sum -0.1 and 0.5)."""
+    from grpokit.algorithms.importance_sampling import vllm_importance_weights
+
+    old, sampling, mask = _mismatch_inputs()
+    geometric = vllm_importance_weights(old, sampling, mask, mode="sequence_truncate", clip_max=10.0, geometric=True)
+    assert geometric.flatten().tolist() == pytest.approx([math.exp(-0.05), math.exp(0.25)])
+    product = vllm_importance_weights(old, sampling, mask, mode="sequence_truncate", clip_max=10.0)
+    assert product.flatten().tolist() == pytest.approx([math.exp(-0.1), math.exp(0.5)])
+    # masked outside [0.9, 1.2]: exp(0.25) = 1.284 goes
+    masked = vllm_importance_weights(
+        old, sampling, mask, mode="sequence_mask", clip_min=0.9, clip_max=1.2, geometric=True
+    )
+    assert masked.flatten().tolist() == pytest.approx([math.exp(-0.05), 0.0])
+
+
+def test_sequence_rejections_by_hand():
+    """k3 per token exp(d) - 1 - d: row 0 (0.005171, 0.018731), mean 0.011951, max 0.018731; row 1 (0, 0.148721),
+    mean 0.074361. k1 = -d: row 0 (-0.1, 0.2), max 0.2; row 1 (0, -0.5), max 0."""
+    from grpokit.algorithms.importance_sampling import sequence_rejections
+
+    old, sampling, mask = _mismatch_inputs()
+    keep, kl, veto = sequence_rejections(old, sampling, mask, kl_threshold=0.05)  # k3, mean
+    assert keep.flatten().tolist() == [1.0, 0.0] and kl.tolist() == [False, True] and veto.tolist() == [False, False]
+    keep, kl, _ = sequence_rejections(old, sampling, mask, kl_threshold=0.015, kl_reduction="max")
+    assert kl.tolist() == [True, True]  # 0.018731 and 0.148721 both above
+    keep, kl, _ = sequence_rejections(old, sampling, mask, kl_threshold=0.1, kl_estimator="k1", kl_reduction="max")
+    assert kl.tolist() == [True, False]
+    keep, _, veto = sequence_rejections(old, sampling, mask, token_veto=0.85)  # ratio exp(-0.2) = 0.819 < 0.85
+    assert veto.tolist() == [True, False] and keep.flatten().tolist() == [0.0, 1.0]
+    keep, _, veto = sequence_rejections(old, sampling, mask, token_veto=0.7)
+    assert veto.tolist() == [False, False] and keep.flatten().tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="kl_estimator"):
+        sequence_rejections(old, sampling, mask, kl_threshold=0.1, kl_estimator="k2")

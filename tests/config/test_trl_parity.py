@@ -43,6 +43,11 @@ EXTRAS = {
         "dynamic_sampling_min_reward_std",
         "dynamic_sampling_max_rounds",
         "logprobs_over_kept_tokens",
+        "sampler_sequence_geometric",
+        "sampler_kl_threshold",
+        "sampler_kl_estimator",
+        "sampler_kl_reduction",
+        "sampler_token_veto",
         # TRL's AsyncGRPOConfig's pipeline fields (TRL: a separate class), with async_grpo choosing that trainer
         "async_grpo",
         "max_staleness",

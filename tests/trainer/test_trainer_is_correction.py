@@ -193,3 +193,22 @@ def test_the_sampler_metrics_are_logged_without_a_correction(tiny_model, tiny_to
     assert logged["sampler/logprob_gap"] == pytest.approx(deltas.abs().mean().item(), rel=1e-4)
     assert logged["sampler/logprob_bias"] == pytest.approx(deltas.mean().item(), rel=1e-4, abs=1e-6)
     assert logged["sampler/ratio/p05"] <= logged["sampler/ratio/p50"] <= logged["sampler/ratio/p95"]
+
+
+def test_kl_rejection_zeroes_a_whole_sequence_and_is_counted():
+    """Token diffs: row 0 (0, 0.5), row 1 (-0.5, masked). k3 means: row 0 (0 + 0.148721) / 2 = 0.074361, row 1
+    exp(-0.5) - 0.5 = 0.106531: a threshold of 0.09 rejects row 1 only, every token of it."""
+    settings = RolloutSettings(
+        num_generations=2,
+        importance_sampling_mode="token_truncate",
+        importance_sampling_clip_max=3.0,
+        sampler_kl_threshold=0.09,
+    )
+    old = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]])
+    sampling = torch.tensor([[-1.0, -2.5], [-1.0, -0.5]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    weights, metrics = LossStepCorrection(LOCAL).weights(old, sampling, mask, settings, parts=1)
+    torch.testing.assert_close(weights, torch.tensor([[1.0, math.exp(0.5)], [0.0, 0.0]]))
+    assert metrics["sampler/kl_rejected_fraction"] == pytest.approx(0.5)
+    assert "sampler/veto_fraction" not in metrics
+    assert metrics["sampler/clipped_fraction"] == pytest.approx(0.0)  # exp(0.5) and exp(-0.5) inside (0, 3]

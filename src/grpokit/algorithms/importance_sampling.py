@@ -47,6 +47,7 @@ def vllm_importance_weights(
     mode: str = "sequence_mask",
     clip_min: float | None = None,
     clip_max: float | None = 3.0,
+    geometric: bool = False,
 ) -> Tensor:
     """Weights `pi_old / pi_sampler` that correct the policy loss for the sampler's mismatch, without gradient.
 
@@ -68,6 +69,9 @@ def vllm_importance_weights(
         mode: one of `VLLM_IMPORTANCE_SAMPLING_MODES`.
         clip_min: lower bound, or None for none.
         clip_max: upper bound, or None for none.
+        geometric: sequence modes only: the sequence's log-weight is the *mean* of its tokens' differences (the
+            geometric mean of the token weights), not their sum; the mean is over the active tokens whose difference
+            is known (an all-masked row gets 1). A grpokit extension: it does not grow with the length.
 
     Returns:
         `(B, C)` for the token modes, `(B, 1)` for the sequence modes, in `old_logps`'s dtype.
@@ -79,7 +83,11 @@ def vllm_importance_weights(
     # Multiply first, then drop NaN: a NaN in a padded position (NaN * 0) must vanish too.
     log_diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
     if mode in SEQUENCE_MODES:
-        log_diff = log_diff.sum(dim=-1, keepdim=True)
+        if geometric:
+            known = (mask * ~torch.isnan(sampling_logps)).sum(dim=-1, keepdim=True).clamp(min=1)
+            log_diff = log_diff.sum(dim=-1, keepdim=True) / known
+        else:
+            log_diff = log_diff.sum(dim=-1, keepdim=True)
     weights = log_diff.exp()
     if mode in TRUNCATE_MODES:
         return weights.clamp(min=clip_min, max=clip_max)
@@ -209,3 +217,53 @@ def sampler_mismatch_metrics(sums: Tensor, log_ratios: Tensor, mode: str | None)
         name = "sampler/clipped_fraction" if mode in TRUNCATE_MODES else "sampler/masked_fraction"
         metrics[name] = outside / max(units, 1.0)
     return metrics
+
+
+KL_ESTIMATORS = ("k1", "k3")
+KL_REDUCTIONS = ("mean", "max")
+
+
+@torch.no_grad()
+def sequence_rejections(
+    old_logps: Tensor,
+    sampling_logps: Tensor,
+    completion_mask: Tensor,
+    *,
+    kl_threshold: float | None = None,
+    kl_estimator: str = "k3",
+    kl_reduction: str = "mean",
+    token_veto: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Whole sequences a sampler correction throws out, beyond TRL's modes (grpokit extensions).
+
+    With d = old_logps - sampling_logps per active token whose sampling log-probability is known (the log of the
+    ratio learner / sampler, tokens drawn from the sampler):
+    - KL rejection (`kl_threshold`): a sequence goes when its estimate of KL(sampler || learner) exceeds the
+      threshold: per token k1 = -d or k3 = exp(d) - 1 - d (never negative), reduced over the sequence's tokens by
+      their mean or max;
+    - token veto (`token_veto`): a sequence goes when any of its tokens has a ratio exp(d) below `token_veto` (a
+      token the learner finds far less likely than the sampler did).
+    A sequence with no known token is kept.
+
+    Returns `(keep, kl_rejected, vetoed)`: `(B, 1)` weights, 1.0 kept and 0.0 rejected, in `old_logps`'s dtype, and
+    two `(B,)` bools saying which rule rejected each sequence (both may)."""
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {kl_estimator!r}")
+    if kl_reduction not in KL_REDUCTIONS:
+        raise ValueError(f"kl_reduction must be one of {KL_REDUCTIONS}, got {kl_reduction!r}")
+    known = completion_mask.bool() & ~torch.isnan(sampling_logps)
+    delta = (old_logps - sampling_logps).masked_fill(~known, 0.0)
+    rows = delta.size(0)
+    kl_rejected = torch.zeros(rows, dtype=torch.bool, device=delta.device)
+    if kl_threshold is not None:
+        per_token = -delta if kl_estimator == "k1" else torch.expm1(delta) - delta
+        if kl_reduction == "mean":
+            estimate = per_token.masked_fill(~known, 0.0).sum(-1) / known.sum(-1).clamp(min=1)
+        else:
+            estimate = per_token.masked_fill(~known, -math.inf).amax(-1)
+        kl_rejected = known.any(-1) & (estimate > kl_threshold)
+    vetoed = torch.zeros(rows, dtype=torch.bool, device=delta.device)
+    if token_veto is not None:
+        vetoed = (known & (delta < math.log(token_veto))).any(-1)
+    keep = (~(kl_rejected | vetoed)).to(old_logps.dtype).unsqueeze(-1)
+    return keep, kl_rejected, vetoed

@@ -208,6 +208,11 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "vllm_importance_sampling_clip_min",
             "vllm_importance_sampling_clip_max",
             "vllm_importance_sampling_cap",
+            "sampler_sequence_geometric",
+            "sampler_kl_threshold",
+            "sampler_kl_estimator",
+            "sampler_kl_reduction",
+            "sampler_token_veto",
         ),
     ),
     (

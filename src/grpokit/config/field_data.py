@@ -1266,6 +1266,44 @@ TABLE = {'fields': [{'name': 'output_dir',
              'owner': 'GRPOConfig',
              'init': True,
              'default': None},
+            {'name': 'sampler_sequence_geometric',
+             'type': ['bool'],
+             'help': 'Sequence modes of the importance-sampling correction: weigh a sequence by the geometric mean of '
+                     'its token ratios, exp(mean of learner - sampler log-probability), instead of their product '
+                     "(TRL's), so that bounds such as [0.999, 1.001] mean the same for every completion length. "
+                     'grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': False},
+            {'name': 'sampler_kl_threshold',
+             'type': ['union', [['float'], ['none']]],
+             'help': 'Reject (weight 0) each sequence whose estimate of KL(sampler || learner) exceeds this: per '
+                     'token by sampler_kl_estimator, over the sequence by sampler_kl_reduction; on top of the '
+                     "correction's mode. Needs the importance-sampling correction. Unset: off. grpokit extension.",
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': None},
+            {'name': 'sampler_kl_estimator',
+             'type': ['literal', ['k1', 'k3']],
+             'help': 'Per-token KL estimate for sampler_kl_threshold, with r = learner / sampler probability of the '
+                     'token: k1 = -log r, k3 = r - 1 - log r (never negative). grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 'k3'},
+            {'name': 'sampler_kl_reduction',
+             'type': ['literal', ['mean', 'max']],
+             'help': "How sampler_kl_threshold reduces a sequence's per-token estimates. grpokit extension.",
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': 'mean'},
+            {'name': 'sampler_token_veto',
+             'type': ['union', [['float'], ['none']]],
+             'help': 'Reject (weight 0) each sequence with a token whose ratio learner / sampler is below this (e.g. '
+                     '1e-4: a token the learner finds far less likely than the sampler did); in (0, 1). Needs the '
+                     'importance-sampling correction. Unset: off. grpokit extension.',
+             'owner': 'GRPOConfig',
+             'init': True,
+             'default': None},
             {'name': 'reward_weights',
              'type': ['union', [['list', ['float']], ['none']]],
              'help': 'One weight per reward, in order: the reward model first (when set), then each reward function. '

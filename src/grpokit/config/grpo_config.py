@@ -439,6 +439,41 @@ class GRPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Deprecated name of vllm_importance_sampling_clip_max; migrated with a warning."},
     )
+    sampler_sequence_geometric: bool = field(
+        default=False,
+        metadata={
+            "help": "Sequence modes of the importance-sampling correction: weigh a sequence by the geometric mean of "
+            "its token ratios, exp(mean of learner - sampler log-probability), instead of their product (TRL's), so "
+            "that bounds such as [0.999, 1.001] mean the same for every completion length. grpokit extension."
+        },
+    )
+    sampler_kl_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "Reject (weight 0) each sequence whose estimate of KL(sampler || learner) exceeds this: per token "
+            "by sampler_kl_estimator, over the sequence by sampler_kl_reduction; on top of the correction's mode. "
+            "Needs the importance-sampling correction. Unset: off. grpokit extension."
+        },
+    )
+    sampler_kl_estimator: Literal["k1", "k3"] = field(
+        default="k3",
+        metadata={
+            "help": "Per-token KL estimate for sampler_kl_threshold, with r = learner / sampler probability of the "
+            "token: k1 = -log r, k3 = r - 1 - log r (never negative). grpokit extension."
+        },
+    )
+    sampler_kl_reduction: Literal["mean", "max"] = field(
+        default="mean",
+        metadata={"help": "How sampler_kl_threshold reduces a sequence's per-token estimates. grpokit extension."},
+    )
+    sampler_token_veto: float | None = field(
+        default=None,
+        metadata={
+            "help": "Reject (weight 0) each sequence with a token whose ratio learner / sampler is below this (e.g. "
+            "1e-4: a token the learner finds far less likely than the sampler did); in (0, 1). Needs the "
+            "importance-sampling correction. Unset: off. grpokit extension."
+        },
+    )
 
     # ---- Rewards and advantages ----
     reward_weights: list[float] | None = field(

@@ -95,6 +95,8 @@ RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "vllm_max_model_length": (1, True, None, False),
     "vllm_importance_sampling_clip_min": (0, True, None, False),
     "vllm_importance_sampling_clip_max": (0, False, None, False),
+    "sampler_kl_threshold": (0, False, None, False),
+    "sampler_token_veto": (0, False, 1, False),
     "max_tool_calling_iterations": (0, True, None, False),  # 0: calls are parsed, never run (TRL)
     "reward_timeout": (0, False, None, False),
     "tool_timeout": (0, False, None, False),
@@ -283,6 +285,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
             )
         )
     problems += _vllm_problems(values)
+    problems += _sampler_correction_problems(values)
     problems += continuous_batching_problems(values)
     pad = get("pad_to_multiple_of")
     if isinstance(pad, str) and pad != "auto":  # `int | str` only so that 'auto' can be written
@@ -362,6 +365,45 @@ def reference_problems(values: dict[str, Any]) -> list[Problem]:
             )
         ]
     return []
+
+
+def _sampler_correction_problems(values: dict[str, Any]) -> list[Problem]:
+    """grpokit's sampler corrections act on the importance-sampling correction's weights: each needs that correction
+    with sampler log-probabilities (vLLM, or async_grpo's sampler), the geometric mean a sequence mode, and the KL
+    estimator and reduction a KL threshold."""
+    problems = []
+    corrected = values.get("vllm_importance_sampling_correction", True) and (
+        values.get("use_vllm") or values.get("async_grpo")
+    )
+    set_fields = {
+        "sampler_sequence_geometric": values.get("sampler_sequence_geometric") is True,
+        "sampler_kl_threshold": values.get("sampler_kl_threshold") is not None,
+        "sampler_token_veto": values.get("sampler_token_veto") is not None,
+    }
+    for name in (name for name, on in set_fields.items() if on):
+        if not corrected:
+            problems.append(
+                Problem(
+                    name,
+                    "needs the importance-sampling correction (use_vllm or async_grpo, with "
+                    "vllm_importance_sampling_correction: true): without the sampler's log-probabilities it does nothing",
+                    values.get(name),
+                )
+            )
+    mode = values.get("vllm_importance_sampling_mode", "sequence_mask")
+    if set_fields["sampler_sequence_geometric"] and corrected and not str(mode).startswith("sequence_"):
+        problems.append(
+            Problem(
+                "sampler_sequence_geometric",
+                f"applies to the sequence modes; vllm_importance_sampling_mode is {mode}",
+                True,
+                "set vllm_importance_sampling_mode: sequence_mask",
+            )
+        )
+    for name, default in (("sampler_kl_estimator", "k3"), ("sampler_kl_reduction", "mean")):
+        if values.get(name, default) != default and not set_fields["sampler_kl_threshold"]:
+            problems.append(Problem(name, "has no effect without sampler_kl_threshold", values.get(name)))
+    return problems
 
 
 def _vllm_problems(values: dict[str, Any]) -> list[Problem]:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from grpokit.algorithms import vllm_importance_weights, vllm_sampling_metrics
-from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics
+from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics, sequence_rejections
 
 REDUCTIONS = {"mean": "mean", "min": "amin", "max": "amax"}
 
@@ -34,14 +34,35 @@ def sampling_correction(old_logps, sampling_logps, loss_mask, settings, dist) ->
 
 
 def _weights(old_logps, sampling_logps, loss_mask, settings) -> Tensor:
-    """`vllm_importance_weights` with the settings' mode and clipping bounds."""
-    return vllm_importance_weights(
+    """`vllm_importance_weights` with the settings' mode, clipping bounds and geometric mean, times 0 for the
+    sequences grpokit's KL rejection or token veto throw out (when set)."""
+    weights = vllm_importance_weights(
         old_logps,
         sampling_logps,
         loss_mask,
         mode=settings.importance_sampling_mode,
         clip_min=settings.importance_sampling_clip_min,
         clip_max=settings.importance_sampling_clip_max,
+        geometric=settings.importance_sampling_geometric,
+    )
+    if _rejects(settings):
+        weights = weights * _rejections(old_logps, sampling_logps, loss_mask, settings)[0]
+    return weights
+
+
+def _rejects(settings) -> bool:
+    return settings.sampler_kl_threshold is not None or settings.sampler_token_veto is not None
+
+
+def _rejections(old_logps, sampling_logps, loss_mask, settings):
+    return sequence_rejections(
+        old_logps,
+        sampling_logps,
+        loss_mask,
+        kl_threshold=settings.sampler_kl_threshold,
+        kl_estimator=settings.sampler_kl_estimator,
+        kl_reduction=settings.sampler_kl_reduction,
+        token_veto=settings.sampler_token_veto,
     )
 
 
@@ -64,7 +85,17 @@ def _reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist
     )
     sums = dist.gather(sums.reshape(1, -1)).sum(dim=0)
     log_ratios = dist.gather_padded(log_ratios, pad_value=float("inf"))
-    return {**out, **sampler_mismatch_metrics(sums, log_ratios, mode)}
+    out.update(sampler_mismatch_metrics(sums, log_ratios, mode))
+    if mode is not None and _rejects(settings):
+        _, kl_rejected, vetoed = _rejections(old_logps, sampling_logps, loss_mask, settings)
+        counts = [float(kl_rejected.numel()), float(kl_rejected.sum()), float(vetoed.sum())]
+        counts = torch.tensor([counts], dtype=torch.float64, device=old_logps.device)
+        sequences, rejected, vetoes = dist.gather(counts).sum(dim=0).tolist()
+        if settings.sampler_kl_threshold is not None:
+            out["sampler/kl_rejected_fraction"] = rejected / max(sequences, 1.0)
+        if settings.sampler_token_veto is not None:
+            out["sampler/veto_fraction"] = vetoes / max(sequences, 1.0)
+    return out
 
 
 def has_active_dropout(model: nn.Module) -> bool:

@@ -69,6 +69,12 @@ class RolloutSettings:
     importance_sampling_mode: str | None = None
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = None
+    # grpokit's sampler corrections on top of the mode (see algorithms.importance_sampling); only with a mode
+    importance_sampling_geometric: bool = False
+    sampler_kl_threshold: float | None = None
+    sampler_kl_estimator: str = "k3"
+    sampler_kl_reduction: str = "mean"
+    sampler_token_veto: float | None = None
     # The policy's positions (max_position_embeddings): a prompt whose tokens plus max_completion_length exceed them
     # is refused, never cut silently (max_prompt_length cuts on purpose). None: not checked.
     max_positions: int | None = None
@@ -84,13 +90,7 @@ class RolloutSettings:
         """The settings of `args` (a `GRPOConfig`) for rounds of `num_generations` completions per prompt (training
         and evaluation may differ) with a policy of `max_positions` positions. The importance-sampling correction is
         on only with vLLM, as in TRL."""
-        correction = {}
-        if args.use_vllm and args.vllm_importance_sampling_correction:
-            correction = dict(
-                importance_sampling_mode=args.vllm_importance_sampling_mode,
-                importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
-                importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
-            )
+        correction = correction_settings(args) if args.use_vllm else {}
         return cls(
             num_generations=num_generations,
             max_prompt_length=args.max_prompt_length,
@@ -166,6 +166,23 @@ class Rollout:
             for i, batch in enumerate(batches):
                 batch["vision"] = self.vision.select(order[i * size : (i + 1) * size])
         return batches
+
+
+def correction_settings(args) -> dict:
+    """`RolloutSettings`' importance-sampling fields from `args` (empty when vllm_importance_sampling_correction is
+    off): TRL's mode and bounds, and grpokit's sampler corrections."""
+    if not args.vllm_importance_sampling_correction:
+        return {}
+    return dict(
+        importance_sampling_mode=args.vllm_importance_sampling_mode,
+        importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
+        importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+        importance_sampling_geometric=args.sampler_sequence_geometric,
+        sampler_kl_threshold=args.sampler_kl_threshold,
+        sampler_kl_estimator=args.sampler_kl_estimator,
+        sampler_kl_reduction=args.sampler_kl_reduction,
+        sampler_token_veto=args.sampler_token_veto,
+    )
 
 
 def produce_rollout(

@@ -36,7 +36,7 @@ from grpokit import checkpoints, sharding, vision
 from grpokit.dist import LOCAL
 from grpokit.generation import build_generator, is_conversational, is_truncated
 from grpokit.rollout import dynamic
-from grpokit.rollout.rollout import _vision_rows, generate_completions, produce_rollout
+from grpokit.rollout.rollout import _vision_rows, correction_settings, generate_completions, produce_rollout
 from grpokit.trainer import GRPOTrainer
 
 from .accounting import SamplerDistance, StepClock, batch_metrics, padded_positions
@@ -308,10 +308,8 @@ class AsyncGRPOTrainer(GRPOTrainer):
         """The synchronous settings, with the importance-sampling correction on whatever the generator (the local
         sampler is as stale as a server)."""
         settings = super()._rollout_settings(mode)
-        if self.args.vllm_importance_sampling_correction:
-            settings.importance_sampling_mode = self.args.vllm_importance_sampling_mode
-            settings.importance_sampling_clip_min = self.args.vllm_importance_sampling_clip_min
-            settings.importance_sampling_clip_max = self.args.vllm_importance_sampling_clip_max
+        for name, value in correction_settings(self.args).items():
+            setattr(settings, name, value)
         return settings
 
     def _worker_settings(self, mode: str = "train"):
