@@ -195,6 +195,7 @@ MAY_IMPORT = {
         "grpokit.trl_compat",
         "grpokit.startup",
         "grpokit.records",
+        "grpokit.routing",
     }
     | LEAVES,
     "grpokit.experimental": {
@@ -231,6 +232,7 @@ MAY_IMPORT = {
         "grpokit.config",
         "grpokit.dist",
         "grpokit.vision",
+        "grpokit.routing",
     },
     "grpokit.generation": {
         "grpokit.scoring",
@@ -242,6 +244,7 @@ MAY_IMPORT = {
         "grpokit.vision",
     },
     "grpokit.scoring": {
+        "grpokit.routing",
         "grpokit.algorithms",
         "grpokit.fastpath",
         "grpokit.models",
@@ -254,7 +257,8 @@ MAY_IMPORT = {
     "grpokit.demo": {"grpokit.tiny", "grpokit.gguf"},
     **{
         unit: set()
-        for unit in LEAVES | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf", "grpokit.hub"}
+        for unit in LEAVES
+        | {"grpokit.dist", "grpokit.nan_guard", "grpokit.tiny", "grpokit.gguf", "grpokit.hub", "grpokit.routing"}
     },
 }
 

@@ -130,6 +130,60 @@ def build_model(
     return model
 
 
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "olmoe")
+
+
+def build_moe(tokenizer, family: str = "qwen3_moe", *, hidden_size: int = 32, experts: int = 8, seed: int = 0):
+    """A random-init mixture-of-experts causal LM (Qwen3-MoE, Mixtral or OLMoE: 2 layers, `experts` experts, 2 per
+    token) sized for CPU tests; its routers' weights are drawn at 0.5 scale so that tokens spread over the experts."""
+    import torch
+    from transformers import (
+        MixtralConfig,
+        MixtralForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+    )
+    if family == "qwen3_moe":
+        config = Qwen3MoeConfig(
+            **common, head_dim=8, intermediate_size=64, moe_intermediate_size=16, num_experts=experts
+        )
+        model_cls = Qwen3MoeForCausalLM
+    elif family == "mixtral":
+        config, model_cls = (
+            MixtralConfig(**common, head_dim=8, intermediate_size=16, num_local_experts=experts),
+            (MixtralForCausalLM),
+        )
+    elif family == "olmoe":
+        config, model_cls = OlmoeConfig(**common, intermediate_size=16, num_experts=experts), OlmoeForCausalLM
+    else:
+        raise ValueError(f"family={family!r}: expected one of {MOE_FAMILIES}")
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("TopKRouter"):
+                module.weight.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
 def build_reward_model(tokenizer, *, hidden_size: int = 16, seed: int = 0):
     """A random-init one-label Qwen2 sequence classifier (a reward model) over `tokenizer`'s vocabulary."""
     import torch

@@ -27,7 +27,7 @@ from accelerate.utils import set_seed as set_process_seed
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import checkpoints, fastpath, models, vision
+from . import checkpoints, fastpath, models, routing, vision
 from .algorithms import LossSettings, policy_loss
 from .algorithms.diagnostics import step_diagnostics
 from .algorithms.entropy_control import EntropyCoefficient, masked_entropy_mean
@@ -157,6 +157,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         if self.accelerator.device.type == "cpu":  # nothing to pin memory for (torch warns when asked to)
             self.args.dataloader_pin_memory = False
         self.generator = self._make_generator(args)  # after the Trainer has placed the policy
+        self._route_agreement = routing.attach(self)  # routing_replay: the generator records the experts it used
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
         set_process_seed(args.seed, device_specific=True)  # different samples on each process
@@ -204,9 +205,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         # The NaN guard (grpokit.nan_guard); off under DeepSpeed, which steps inside backward (save_model still checks)
         self._nan_guard = None
         if self.is_deepspeed_enabled:
-            logger.warning(
-                "NaN guard off under DeepSpeed: it steps the optimizer inside backward (see max_nonfinite_steps)"
-            )
+            logger.warning("NaN guard off under DeepSpeed: it steps the optimizer inside backward")
         else:
             self._nan_guard = NaNGuard(args.max_nonfinite_steps, grad_scaler=self.accelerator.scaler is not None)
         self._weight_pushes = WeightPushes(self._nan_guard)  # vLLM: the policy's weights each round
@@ -355,14 +354,12 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         return self.args.gradient_accumulation_steps % self.generate_every != 0
 
     def _logps_fn(self, model, chunk_size, truncation=None):
-        def logps(input_ids, attention_mask, logits_to_keep, vision=None):
+        def logps(input_ids, attention_mask, logits_to_keep, vision=None, routes=None):
             with self.accelerator.autocast():
-                temperature = self.args.temperature
-                scores = score_tokens(
-                    model, input_ids, attention_mask, logits_to_keep, temperature=temperature, chunk_size=chunk_size,
-                    vision=vision, truncation=truncation,
-                )  # fmt: skip
-            return scores.logps
+                return score_tokens(
+                    model, input_ids, attention_mask, logits_to_keep, temperature=self.args.temperature,
+                    chunk_size=chunk_size, vision=vision, truncation=truncation, routes=routes,
+                ).logps  # fmt: skip
 
         return logps
 
@@ -407,6 +404,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
                 compute_aux_loss=self.aux_loss_enabled,
                 vision=inputs.get("vision"),
                 truncation=self._truncation,
+                routes=routing.batch_routes(inputs),  # routing_replay: the sampler's experts
+                agreement=self._route_agreement,
             )
         logps, entropies = scores.logps, scores.entropies  # (B, C) each
         old_logps = inputs.get("old_logps")  # None: on-policy
@@ -444,6 +443,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             entropy_mask=entropy_keep,
             importance_sampling_ratio=sampling_ratio,
         )
+        routing.log_agreement(self._route_agreement, self._dist, self._metrics[mode], mask.device)
         # The diagnostics read the ratio and KL the loss computed (detached), not a second copy of them.
         self._metrics[mode]["entropy"].append(self._metrics.global_mean(entropies.detach(), mask))
         self._metrics.add_diagnostics(

@@ -48,6 +48,7 @@ EXTRAS = {
         "sampler_kl_estimator",
         "sampler_kl_reduction",
         "sampler_token_veto",
+        "routing_replay",
         # TRL's AsyncGRPOConfig's pipeline fields (TRL: a separate class), with async_grpo choosing that trainer
         "async_grpo",
         "max_staleness",

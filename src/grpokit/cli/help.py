@@ -33,6 +33,7 @@ FIELD_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "disable_dropout",
             "cast_lm_head_to_fp32",
             "router_aux_loss_coef",
+            "routing_replay",
             "use_peft",
             "lora_r",
             "lora_alpha",

@@ -286,6 +286,7 @@ def check_fields(values: dict[str, Any], defaults: dict[str, Any] | None = None)
         )
     problems += _vllm_problems(values)
     problems += _sampler_correction_problems(values)
+    problems += _routing_replay_problems(values)
     problems += continuous_batching_problems(values)
     pad = get("pad_to_multiple_of")
     if isinstance(pad, str) and pad != "auto":  # `int | str` only so that 'auto' can be written
@@ -404,6 +405,23 @@ def _sampler_correction_problems(values: dict[str, Any]) -> list[Problem]:
         if values.get(name, default) != default and not set_fields["sampler_kl_threshold"]:
             problems.append(Problem(name, "has no effect without sampler_kl_threshold", values.get(name)))
     return problems
+
+
+def _routing_replay_problems(values: dict[str, Any]) -> list[Problem]:
+    """routing_replay records routes in transformers' own generate and replays them in one forward per chunk."""
+    if not values.get("routing_replay"):
+        return []
+    others = {
+        "use_vllm": "vLLM's routed experts are not read yet",
+        "use_transformers_continuous_batching": "continuous batching does not record routes",
+        "async_grpo": "the asynchronous worker's samples do not carry routes yet",
+        "gradient_checkpointing": "its recomputation in backward would route without the replayed experts",
+    }
+    return [
+        Problem("routing_replay", f"cannot be used with {name}: {why}", True, f"set {name}: false")
+        for name, why in others.items()
+        if values.get(name)
+    ]
 
 
 def _vllm_problems(values: dict[str, Any]) -> list[Problem]:

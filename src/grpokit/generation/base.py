@@ -24,6 +24,9 @@ class Generated:
 
     completion_ids: list[list[int]]
     logprobs: list[list[float]] | None = None
+    # With routing replay (transformers backend): each row's routed experts, `(prompt + completion tokens, routers,
+    # top_k)` int16, -1 where none was recorded (grpokit.routing)
+    routes: list | None = None
 
 
 class GenerationBackend(Protocol):

@@ -52,6 +52,7 @@ class TransformersGenerator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.device = device
         self.share_prefix = share_prefix
+        self.route_recorder = None  # a grpokit.routing.RouteRecorder: record each token's experts (routing_replay)
 
     def _context(self) -> AbstractContextManager:
         if isinstance(self.model_context, torch.nn.Module):
@@ -69,13 +70,23 @@ class TransformersGenerator:
         with self._context() as model:
             device = self.device if self.device is not None else model.device
             inputs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-            if vision is None:
+            if self.route_recorder is not None:  # routing replay: plain generate, every router's choice recorded
+                if vision is not None:
+                    raise ValueError("routing_replay does not take image prompts yet (text-only MoE models)")
+                with self.route_recorder.recording(model):
+                    output = model.generate(**inputs, generation_config=self.generation_config)
+            elif vision is None:
                 output = self._generate(model, inputs)
             else:  # image inputs: plain `generate` (the shared-prefix loop prefills text only)
                 inputs.update(vision.model_inputs(input_ids.size(1), device=device))
                 output = model.generate(**inputs, generation_config=self.generation_config)
         completions = output[:, input_ids.size(1) :].cpu().tolist()  # (B, C)
-        return Generated([cut_after_eos(ids, self.eos_token_ids) for ids in completions])
+        completions = [cut_after_eos(ids, self.eos_token_ids) for ids in completions]
+        routes = None
+        if self.route_recorder is not None:
+            lengths = [len(p) for p in prompt_ids]
+            routes = self.route_recorder.rows(lengths, input_ids.size(1), [len(c) for c in completions])
+        return Generated(completions, routes=routes)
 
     def sync_weights(self, model) -> None:
         """Nothing to push: `generate` runs the live policy."""

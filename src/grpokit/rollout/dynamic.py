@@ -165,17 +165,19 @@ _PAD = {  # (side, value) per row field; None value: the tokenizer's pad id
     "ref_logps": ("right", 0.0),
     "sampling_logps": ("right", 0.0),
     "importance_sampling_ratio": ("right", 1.0),
+    "prompt_routes": ("left", -1),
+    "completion_routes": ("right", -1),
 }
 
 
 def _stack(parts: list[Tensor], side: str, value) -> Tensor:
-    """Row tensors `(b_i, L_i)` padded to the longest L on `side` and concatenated; `(b_i,)` just concatenated."""
+    """Row tensors `(b_i, L_i, ...)` padded to the longest L on `side` and concatenated; `(b_i,)` just concatenated."""
     if parts[0].dim() == 1:
         return torch.cat(parts)
     width = max(p.size(1) for p in parts)
     padded = []
     for p in parts:
-        extra = p.new_full((p.size(0), width - p.size(1)), value)
+        extra = p.new_full((p.size(0), width - p.size(1), *p.shape[2:]), value)
         padded.append(torch.cat([extra, p] if side == "left" else [p, extra], dim=1))
     return torch.cat(padded)
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpokit import vision
+from grpokit import routing, vision
 from grpokit.algorithms import group_advantages, reward_metrics
 from grpokit.dist import LOCAL, Collective
 from grpokit.generation import (
@@ -50,7 +50,10 @@ ROW_FIELDS = (
     "ref_logps",
     "sampling_logps",
     "importance_sampling_ratio",
+    "prompt_routes",
+    "completion_routes",
 )
+ROUTES_FIELD = "_routes"  # the extra field of a generation that carries the sampler's routed experts (routing replay)
 
 
 @dataclass
@@ -130,6 +133,9 @@ class Rollout:
     sampling_logps: Tensor | None = None  # (B, C) the generation backend's own logprobs (vLLM), NaN where unknown
     importance_sampling_ratio: Tensor | None = None  # (B, C) or (B, 1) pi_old / pi_sampler weights (vLLM correction)
     vision: vision.VisionRows | None = None  # a vision-language model's image inputs, one entry per row
+    # routing_replay: the sampler's experts of each token (grpokit.routing), (B, P | C, routers, top_k), -1 at padding
+    prompt_routes: Tensor | None = None
+    completion_routes: Tensor | None = None
     images: list | None = None  # (N,) each row's PIL images (None: none), all processes; with settings.log_images
     # Logging, over all processes (N = B x processes rows)
     prompts: list = field(default_factory=list)
@@ -228,6 +234,7 @@ def produce_rollout(
     prompt_id_lists, completion_id_lists, tool_masks, completions, logprobs, extra_fields = _generated(
         generate(prompts)
     )
+    routes = extra_fields.pop(ROUTES_FIELD, None)
     columns = {**column_values(rows), **_extra_columns(extra_fields, len(rows))}
     vision_rows = _vision_rows(processor, prompts, prompt_id_lists, settings, device)
 
@@ -246,8 +253,14 @@ def produce_rollout(
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+C)
     logits_to_keep = batch["completion_ids"].size(1)
     scoring = {"vision": vision_rows} if vision_rows is not None else {}
+    if routes is not None:
+        widths = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+        routes = routing.padded_routes(routes, [len(p) for p in prompt_id_lists], *widths).to(device)
     with torch.no_grad():
-        old_logps = old_logps_fn(input_ids, attention_mask, logits_to_keep, **scoring) if old_logps_fn else None
+        replay = {} if routes is None else {"routes": routes}  # the policy's pass replays, the reference's does not
+        old_logps = (
+            old_logps_fn(input_ids, attention_mask, logits_to_keep, **scoring, **replay) if old_logps_fn else None
+        )
         ref_logps = ref_logps_fn(input_ids, attention_mask, logits_to_keep, **scoring) if ref_logps_fn else None
     sampling_logps = None
     if logprobs is not None:
@@ -287,6 +300,8 @@ def produce_rollout(
         sampling_logps=sampling_logps,
         importance_sampling_ratio=importance_sampling_ratio,
         vision=vision_rows,
+        prompt_routes=None if routes is None else routes[:, : batch["prompt_ids"].size(1)],
+        completion_routes=None if routes is None else routes[:, batch["prompt_ids"].size(1) :],
         images=_logged_images(prompts, settings, dist),
         prompts=dist.gather_object([vision.without_images(p) for p in prompts]),
         completions=dist.gather_object(completions),
@@ -339,7 +354,8 @@ def generate_completions(
     completions = decode_completions(
         vision.tokenizer_of(tokenizer), generated.completion_ids, conversational=is_conversational(prompts[0])
     )
-    return prompt_ids, generated.completion_ids, None, completions, generated.logprobs, {}, images, []
+    extra = {} if generated.routes is None else {ROUTES_FIELD: generated.routes}
+    return prompt_ids, generated.completion_ids, None, completions, generated.logprobs, extra, images, []
 
 
 def _generate_with_images(generator: GenerationBackend, prompt_ids: list[list[int]], vision_rows):

@@ -14,6 +14,7 @@ spans the whole batch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from grpokit import routing
 from grpokit.algorithms.logprobs import token_logps_and_entropy
 
 from .prefix import score_shared_prefix, shared_prefix_model
@@ -50,6 +52,8 @@ def score_tokens(
     share_prefix: bool = True,
     vision=None,
     truncation=None,
+    routes: Tensor | None = None,
+    agreement=None,
 ) -> TokenScores:
     """Log-probabilities of the last `logits_to_keep` tokens of each row under `model`.
 
@@ -69,12 +73,16 @@ def score_tokens(
             pass then runs, giving each chunk of rows its own images.
         truncation: the sampler's top-k / top-p / min-p (`grpokit.algorithms.truncation.Truncation`): the
             log-probabilities and entropies are then over the tokens it keeps at each position; None: the vocabulary.
+        routes: `(B, P + C, routers, top_k)` the sampler's experts per token (`grpokit.routing`): a mixture-of-experts
+            model's forward then routes each token to them (-1: its own choice); the plain pass runs.
+        agreement: a `grpokit.routing.Agreement` counting how often the model's own routing was the replayed one.
 
     Returns:
         `TokenScores` with `(B, C)` float32 tensors; gradients flow unless called under `torch.no_grad()`. Positions
         where the completion is padding hold arbitrary values (0 in the shared-prefix pass).
     """
-    lm = shared_prefix_model(model) if share_prefix and not compute_aux_loss and vision is None else None
+    plain_only = compute_aux_loss or vision is not None or routes is not None
+    lm = shared_prefix_model(model) if share_prefix and not plain_only else None
     chunk_size = chunk_size or input_ids.size(0)
     entropy = "none" if not compute_entropy else "grad" if entropy_grad else "detached"
     logps, entropies, aux_losses = [], [], []
@@ -98,17 +106,19 @@ def score_tokens(
                     input_ids.size(1) - logits_to_keep, logits_to_keep, rows=rows, device=input_ids.device
                 )
             )
-            chunk_logps, chunk_entropies, aux_loss = _score_plain(
-                model,
-                input_ids[rows],
-                attention_mask[rows],
-                logits_to_keep,
-                temperature,
-                entropy,
-                compute_aux_loss,
-                extra,
-                truncation,
-            )
+            replay = contextlib.nullcontext() if routes is None else routing.replaying(model, routes[rows], agreement)
+            with replay:
+                chunk_logps, chunk_entropies, aux_loss = _score_plain(
+                    model,
+                    input_ids[rows],
+                    attention_mask[rows],
+                    logits_to_keep,
+                    temperature,
+                    entropy,
+                    compute_aux_loss,
+                    extra,
+                    truncation,
+                )
             aux_losses.append(aux_loss)
         logps.append(chunk_logps)
         entropies.append(chunk_entropies)

@@ -1,0 +1,86 @@
+"""routing_replay end to end: a tiny Qwen3-MoE trained by GRPOTrainer records each round's routes, its micro-batches
+carry them (padded like the tokens), the training forward replays them and logs routing/agreement; off-policy rounds
+replay in the old-logprob pass too; a dense model and unsupported setups are refused in one line."""
+
+import pytest
+from _trainer_helpers import text_reward
+
+import grpokit.scoring as scoring_module
+import grpokit.trainer as trainer_module
+from grpokit import GRPOConfig, GRPOTrainer, routing
+from grpokit.tiny import build_moe, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe")
+    tokenizer = build_tokenizer()
+    build_moe(tokenizer, "qwen3_moe").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _calls_with_routes(monkeypatch):
+    """Every score_tokens call the trainer makes, as (routes given, agreement given)."""
+    calls = []
+    original = scoring_module.score_tokens
+
+    def recorded(*args, **kwargs):
+        calls.append((kwargs.get("routes") is not None, kwargs.get("agreement") is not None))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "score_tokens", recorded)
+    return calls
+
+
+def test_the_training_forward_replays_the_rounds_routes(moe_dir, dataset, make_args, monkeypatch):
+    calls = _calls_with_routes(monkeypatch)
+    trainer = GRPOTrainer(moe_dir, text_reward, args=make_args(routing_replay=True), train_dataset=dataset)
+    trainer.train()
+    batch = trainer._buffered_inputs[0]
+    prompt_routes, completion_routes = batch["prompt_routes"], batch["completion_routes"]
+    assert prompt_routes.shape[:2] == batch["prompt_ids"].shape and prompt_routes.shape[2:] == (2, 2)
+    assert completion_routes.shape[:2] == batch["completion_ids"].shape
+    assert ((prompt_routes >= 0).all(-1) == batch["prompt_mask"].bool().unsqueeze(-1)).all()  # padding: -1
+    assert ((completion_routes >= 0).all(-1).any(-1) <= batch["completion_mask"].bool()).all()
+    assert calls and all(routes and agreement for routes, agreement in calls)  # on-policy: the loss step only
+    logged = [e["routing/agreement"] for e in trainer.state.log_history if "routing/agreement" in e]
+    assert len(logged) == 2 and all(0.99 <= value <= 1.0 for value in logged)  # same weights: routed alike
+
+
+def test_an_off_policy_round_replays_in_the_old_logprob_pass_too(moe_dir, dataset, make_args, monkeypatch):
+    calls = _calls_with_routes(monkeypatch)
+    args = make_args(routing_replay=True, steps_per_generation=2, max_steps=2)  # a round over 2 optimizer steps
+    GRPOTrainer(moe_dir, text_reward, args=args, train_dataset=dataset).train()
+    assert (True, False) in calls  # the old log-probabilities: replayed, not counted
+    assert (True, True) in calls  # the training forward
+
+
+def test_a_dense_model_is_refused(tiny_model_dir, dataset, make_args):
+    with pytest.raises(ValueError, match="routing_replay: Qwen2ForCausalLM has no mixture-of-experts router"):
+        GRPOTrainer(tiny_model_dir, text_reward, args=make_args(routing_replay=True), train_dataset=dataset)
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        ({"use_vllm": True}, "use_vllm"),
+        ({"gradient_checkpointing": True}, "gradient_checkpointing"),
+        ({"async_grpo": True}, "async_grpo"),
+    ],
+)
+def test_unsupported_setups_are_refused_before_loading(tmp_path, overrides, named):
+    with pytest.raises(ValueError, match=f"routing_replay=True: cannot be used with {named}"):
+        GRPOConfig(output_dir=str(tmp_path), report_to="none", routing_replay=True, **overrides)
+
+
+def test_agreement_counts_are_summed_over_processes_and_reset():
+    class Two:  # two processes, the other with the same counts
+        def sum(self, tensor):
+            return tensor * 2
+
+    agreement, metrics = routing.Agreement(replayed=10, same=7), {"routing/agreement": []}
+    routing.log_agreement(agreement, Two(), metrics, "cpu")
+    assert metrics["routing/agreement"] == [pytest.approx(0.7)] and agreement.replayed == agreement.same == 0
+    routing.log_agreement(agreement, Two(), metrics, "cpu")  # nothing replayed since: nothing logged
+    assert len(metrics["routing/agreement"]) == 1
