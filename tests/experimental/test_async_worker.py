@@ -59,8 +59,13 @@ def test_a_fast_worker_never_runs_further_ahead_than_max_staleness(
         for row in rows:
             assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
             assert row["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+            # grpokit's sampler/* metrics, logged by the async trainer too: no gap, the ratio's band at 1
+            assert row["sampler/logprob_gap"] == pytest.approx(0.0, abs=1e-4)
+            assert row["sampler/ratio/p05"] == pytest.approx(1.0, abs=1e-4)
+            assert row["sampler/ratio/p95"] == pytest.approx(1.0, abs=1e-4)
     else:  # samples a version or two old were sampled by other weights
         assert max(row["sampling/sampling_logp_difference/max"] for row in rows[1:]) > 1e-3
+        assert max(row["sampler/logprob_gap"] for row in rows[1:]) > 1e-4
 
 
 def test_a_reward_that_raises_in_the_worker_stops_the_trainer_in_one_line(

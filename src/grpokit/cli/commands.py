@@ -297,14 +297,19 @@ def _config(args) -> int:
 
 
 def _print_plan(resolution) -> None:
-    from grpokit.cli.plan import agent_plan, async_plan, batch_geometry, memory_estimate, vision_plan
+    from grpokit.cli.plan import agent_plan, async_plan, batch_geometry, memory_estimate, sampler_plan, vision_plan
 
     print("batch geometry")
     rows = batch_geometry(resolution.values, processes=resolution.processes, processes_how=resolution.processes_how)
     width = max(len(r[0]) for r in rows)
     for name, value, how in rows:
         print(f"  {name:<{width}}  {str(value):>8}  {how}")
-    sections = (("agent rollouts", agent_plan), ("image prompts", vision_plan), ("asynchronous pipeline", async_plan))
+    sections = (
+        ("agent rollouts", agent_plan),
+        ("image prompts", vision_plan),
+        ("asynchronous pipeline", async_plan),
+        ("sampler and learner", sampler_plan),
+    )
     for title, section in sections:
         rows = section(resolution.values)
         if rows is not None:

@@ -513,3 +513,61 @@ def _correction_how(mode: str | None, cap) -> str:
     unit, how = mode.split("_")
     weight = "each token by pi_current / pi_sampler" if unit == "token" else "each completion by its ratio"
     return f"{weight}, {'capped at' if how == 'truncate' else 'dropped above'} {cap}"
+
+
+def sampler_plan(values) -> list[tuple[str, object, str]] | None:
+    """(name, value, how) rows of how the sampler's and the learner's log-probabilities are reconciled: scoring over
+    the kept set of a truncating sampler, the importance-sampling correction and grpokit's rejections (where the
+    sampler reports log-probabilities: vLLM, async_grpo), MoE routing replay. None when none of them applies."""
+    overrides = values.get("generation_kwargs") or {}
+    overrides = overrides if isinstance(overrides, dict) else {}
+    filters = {
+        name: overrides.get(name, values.get(name, default))
+        for name, default in (("top_k", 0), ("top_p", 1.0), ("min_p", None))
+    }
+    truncates = bool(filters["top_k"]) or (filters["top_p"] or 1.0) < 1.0 or bool(filters["min_p"])
+    reports = bool(values.get("use_vllm") or values.get("async_grpo"))
+    replay = bool(values.get("routing_replay"))
+    if not (truncates or reports or replay):
+        return None
+    rows: list[tuple[str, object, str]] = []
+    if truncates:
+        kept = values.get("logprobs_over_kept_tokens", True)
+        shown = ", ".join(f"{k} {v}" for k, v in filters.items() if v not in (0, 1.0, None))
+        rows.append(
+            (
+                "truncated sampling",
+                shown,
+                "the policy is scored over the tokens these keep, renormalised (logprobs_over_kept_tokens)"
+                if kept
+                else "logprobs_over_kept_tokens: false: scored over the whole vocabulary, as TRL (ratio = kept mass)",
+            )
+        )
+    if reports:
+        on = values.get("vllm_importance_sampling_correction", True)
+        mode = values.get("vllm_importance_sampling_mode", "sequence_mask") if on else None
+        low, high = (
+            values.get("vllm_importance_sampling_clip_min"),
+            values.get("vllm_importance_sampling_clip_max", 3.0),
+        )
+        bounds = f"[{'-' if low is None else low}, {'-' if high is None else high}]"
+        geometric = values.get("sampler_sequence_geometric") and str(mode).startswith("sequence")
+        how = (
+            "off: sampler/* metrics only"
+            if mode is None
+            else f"weights learner / sampler {'clamped to' if mode.endswith('truncate') else 'zeroed outside'} {bounds}"
+            + (", a sequence's the geometric mean of its tokens'" if geometric else "")
+        )
+        rows.append(("correction", mode or "off", how))
+        threshold = values.get("sampler_kl_threshold")
+        if mode is not None and threshold is not None:
+            estimator, reduction = values.get("sampler_kl_estimator", "k3"), values.get("sampler_kl_reduction", "mean")
+            rows.append(
+                ("KL rejection", f"> {threshold}", f"a sequence's {estimator} estimate, {reduction} over its tokens")
+            )
+        veto = values.get("sampler_token_veto")
+        if mode is not None and veto is not None:
+            rows.append(("token veto", f"< {veto}", "a sequence with a token whose ratio learner / sampler is below"))
+    if replay:
+        rows.append(("routing replay", "on", "each token routed to the experts the sampler used; routing/agreement"))
+    return rows
