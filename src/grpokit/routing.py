@@ -101,29 +101,43 @@ class Agreement:
 
 
 @contextlib.contextmanager
-def replaying(model: nn.Module, routes: Tensor, agreement: Agreement | None = None):
+def replaying(model: nn.Module, routes: Tensor, agreement: Agreement | None = None, *, until_released: bool = False):
     """Within the block, one forward of `model` over `(rows, positions)` tokens routes each token to `routes`
     `(rows, positions, routers, top_k)` (-1: the router's own choice), with gate weights recomputed from the
-    router's logits; `agreement` (if given) counts how often the router's own top-k was the replayed one."""
+    router's logits; `agreement` (if given) counts, once per router, how often the router's own top-k was the
+    replayed one. `until_released`: the routers keep replaying after the block, until `release(model)`, so that a
+    backward pass that recomputes the forward (activation checkpointing) routes as the forward did."""
     found = routers(model)
     if routes.size(2) != len(found):
         raise ValueError(f"routes for {routes.size(2)} routers; the model has {len(found)}")
-    originals = []
+    release(model)  # a replay left armed (a step that failed between forward and backward) ends here
     for index, router in enumerate(found):
         replay = routes[:, :, index, :].reshape(-1, routes.size(-1))
-        originals.append(vars(router).get("forward"))  # an instance attribute someone else set, or None
+        router._grpokit_saved = vars(router).get("forward", _CLASS_FORWARD)
         router.forward = _replayed(router, router.forward, replay, agreement)
     try:
         yield
     finally:
-        for router, original in zip(found, originals, strict=True):
-            if original is None:
-                del router.forward
-            else:
-                router.forward = original
+        if not until_released:
+            release(model)
+
+
+_CLASS_FORWARD = object()  # the router had no forward of its own (the class's): deleting the wrapper restores it
+
+
+def release(model: nn.Module) -> None:
+    """Restore every router `replaying` left replaying (`until_released`); nothing when none is."""
+    for module in model.modules():
+        saved = vars(module).pop("_grpokit_saved", None)
+        if saved is _CLASS_FORWARD:
+            del module.forward
+        elif saved is not None:
+            module.forward = saved
 
 
 def _replayed(router, forward, replay: Tensor, agreement: Agreement | None):
+    counted = []  # a recomputation in backward (activation checkpointing) calls the router again: count it once
+
     def replayed_forward(hidden_states, *args, **kwargs):
         logits, scores, own = forward(hidden_states, *args, **kwargs)
         if replay.size(0) != own.size(0):
@@ -134,7 +148,8 @@ def _replayed(router, forward, replay: Tensor, agreement: Agreement | None):
         target = replay.to(own.device)
         known = (target >= 0).all(dim=-1, keepdim=True)
         indices = torch.where(known, target.to(own.dtype), own)
-        if agreement is not None:
+        if agreement is not None and not counted:
+            counted.append(True)
             with torch.no_grad():
                 same = (own.sort(dim=-1).values == indices.sort(dim=-1).values).all(dim=-1)
                 agreement.replayed += int(known.sum())

@@ -421,8 +421,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
             off_policy_keep = self.get_off_policy_mask(
                 inputs["advantages"], logps, sampling_logps, mask, args.off_policy_mask_threshold
             )
-        # dapo/cispo/vespo divide by the active tokens of the whole generation batch (all processes), rescaled to
-        # one micro-batch of one process; every loss is then divided by the accumulation steps (not in eval).
+        # dapo/cispo/vespo: over the round's active tokens (all processes) rescaled to one micro-batch of one process;
+        # every loss is then divided by the accumulation steps (not in eval).
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         splits = args.steps_per_generation if mode == "train" else 1
         num_items = inputs["num_items_in_batch"].clamp(min=1.0) / (self.accelerator.num_processes * splits)
@@ -484,6 +484,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
+        routing.release(self.model)  # routing_replay: the backward pass (and its recomputation) is done
         if self._nan_guard is not None:
             self._nan_guard.note_loss(loss)
         self._step += 1
@@ -494,9 +495,8 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         return loss
 
     def _get_grad_norm(self, model, grad_norm=None):
-        # The Trainer calls this once per optimizer step, after clipping and right before `optimizer.step()`: the NaN
-        # guard's hook. A step with a non-finite loss or gradient norm loses its gradients, so the optimizer skips
-        # every parameter (no weight or optimizer-state update); the scheduler still steps (see max_nonfinite_steps).
+        # Once per optimizer step, after clipping, right before `optimizer.step()`: the NaN guard's hook. A non-finite
+        # loss or gradient norm drops the step's gradients (no update); the scheduler still steps (max_nonfinite_steps)
         grad_norm = super()._get_grad_norm(model, grad_norm)
         guard = self._nan_guard
         if guard is None:

@@ -143,6 +143,34 @@ def test_a_perturbed_router_is_held_to_the_samplers_experts(tokenizer):
     assert gap_replayed < 0.5 * gap_own, (gap_replayed, gap_own)
 
 
+def test_activation_checkpointing_recomputes_with_the_replayed_experts(tokenizer):
+    """Under gradient checkpointing the backward pass runs each layer's forward again: the routers must replay there
+    too (until `routing.release`), so the gradients equal those without checkpointing. A learner whose routers moved
+    makes that visible: routed by itself in the recomputation, its experts (and gradients) would differ."""
+    sampler = build_moe(tokenizer, "mixtral").eval()
+    completions, routes = _generate(sampler, tokenizer)
+    ids, mask, width_c, padded = _batch(PROMPTS, completions, routes)
+    grads = []
+    for checkpointed in (False, True):
+        learner = copy.deepcopy(sampler).train()
+        with torch.no_grad():
+            for router in routing.routers(learner):
+                router.weight.add_(torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+        if checkpointed:
+            learner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        agreement = routing.Agreement()
+        logps = score_tokens(learner, ids, mask, width_c, routes=padded, agreement=agreement).logps
+        assert all("forward" in vars(r) for r in routing.routers(learner))  # still replaying: backward is to come
+        logps[mask[:, -width_c:].bool()].sum().backward()
+        routing.release(learner)
+        assert not any("forward" in vars(r) for r in routing.routers(learner))
+        assert agreement.replayed == int((padded >= 0).all(-1).sum())  # counted once, not again in the recomputation
+        grads.append({n: p.grad.clone() for n, p in learner.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_a_model_without_routers_or_with_another_router_is_refused(tokenizer):
     with pytest.raises(routing.ReplayUnsupported, match="Qwen2ForCausalLM has no mixture-of-experts router"):
         routing.routers(build_model(tokenizer))

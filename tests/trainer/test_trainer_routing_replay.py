@@ -65,7 +65,6 @@ def test_a_dense_model_is_refused(tiny_model_dir, dataset, make_args):
     "overrides, named",
     [
         ({"use_vllm": True}, "use_vllm"),
-        ({"gradient_checkpointing": True}, "gradient_checkpointing"),
         ({"async_grpo": True}, "async_grpo"),
     ],
 )

@@ -415,7 +415,6 @@ def _routing_replay_problems(values: dict[str, Any]) -> list[Problem]:
         "use_vllm": "vLLM's routed experts are not read yet",
         "use_transformers_continuous_batching": "continuous batching does not record routes",
         "async_grpo": "the asynchronous worker's samples do not carry routes yet",
-        "gradient_checkpointing": "its recomputation in backward would route without the replayed experts",
     }
     return [
         Problem("routing_replay", f"cannot be used with {name}: {why}", True, f"set {name}: false")

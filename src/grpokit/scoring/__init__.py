@@ -74,7 +74,8 @@ def score_tokens(
         truncation: the sampler's top-k / top-p / min-p (`grpokit.algorithms.truncation.Truncation`): the
             log-probabilities and entropies are then over the tokens it keeps at each position; None: the vocabulary.
         routes: `(B, P + C, routers, top_k)` the sampler's experts per token (`grpokit.routing`): a mixture-of-experts
-            model's forward then routes each token to them (-1: its own choice); the plain pass runs.
+            model's forward then routes each token to them (-1: its own choice); the plain pass runs. Under gradients
+            the routers keep replaying until `grpokit.routing.release(model)`, after the backward pass.
         agreement: a `grpokit.routing.Agreement` counting how often the model's own routing was the replayed one.
 
     Returns:
@@ -106,7 +107,11 @@ def score_tokens(
                     input_ids.size(1) - logits_to_keep, logits_to_keep, rows=rows, device=input_ids.device
                 )
             )
-            replay = contextlib.nullcontext() if routes is None else routing.replaying(model, routes[rows], agreement)
+            replay = contextlib.nullcontext()
+            if routes is not None:  # with a backward to come, replayed until it is done (routing.release)
+                if torch.is_grad_enabled() and chunk_size < input_ids.size(0):
+                    raise ValueError("routing replay with gradients scores all rows in one chunk")
+                replay = routing.replaying(model, routes[rows], agreement, until_released=torch.is_grad_enabled())
             with replay:
                 chunk_logps, chunk_entropies, aux_loss = _score_plain(
                     model,
