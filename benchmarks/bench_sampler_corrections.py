@@ -2,7 +2,7 @@
 (transformers' `generate`, its processed log-probabilities), the learner scoring the same tokens in float32, the same
 weights otherwise. TRL 1.16's four modes beside grpokit's geometric sequence weights, KL rejection and token veto.
 
-    python benchmarks/bench_sampler_corrections.py [--prompts 16] [--per-prompt 4] [--tokens 48]
+    python benchmarks/bench_sampler_corrections.py [--per-prompt 8] [--tokens 48]
 
 For each correction: the mean weight a token gets in the loss (a sequence weight counts for each of its tokens), the
 share of tokens whose weight is 0 (masked or rejected), the share of sequences with every token at 0, the share of
@@ -22,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_truncated_sampling import QUESTIONS, model_path, prompts  # noqa: E402
+from bench_truncated_sampling import model_path, sample_transformers  # noqa: E402
 
 CORRECTIONS = [
     ("none", {}),
@@ -39,42 +39,22 @@ CORRECTIONS = [
 ]  # fmt: skip
 
 
-def rollouts(path: str, tokenizer, per_prompt: int, tokens: int, count: int):
+def rollouts(path: str, tokenizer, per_prompt: int, tokens: int):
     """(learner logps, sampler logps, mask), each `(B, C)`: sampled by a bfloat16 copy, scored by float32."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     from grpokit.scoring import score_tokens
 
     sampler = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     learner = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    eos = [tokenizer.eos_token_id]
-    config = GenerationConfig(
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        max_new_tokens=tokens,
-        num_return_sequences=per_prompt,
-        eos_token_id=eos,
-        pad_token_id=tokenizer.pad_token_id,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
     rows = []
-    for prompt in (prompts(tokenizer) * 4)[:count]:
+    for prompt, completion, own in sample_transformers(
+        sampler, tokenizer, {}, [tokenizer.eos_token_id], per_prompt, tokens
+    ):
+        full = torch.tensor([prompt + completion])
         with torch.no_grad():
-            out = sampler.generate(torch.tensor([prompt]), generation_config=config)
-        sampled = out.sequences[:, len(prompt) :]
-        logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)
-        for i in range(sampled.size(0)):
-            ids = sampled[i].tolist()
-            end = next((t + 1 for t, token in enumerate(ids) if token in eos), len(ids))
-            if end == 0:
-                continue
-            own = logps[i, torch.arange(end), sampled[i, :end]]
-            full = torch.tensor([prompt + ids[:end]])
-            with torch.no_grad():
-                learned = score_tokens(learner, full, torch.ones_like(full), end).logps[0]
-            rows.append((learned, own))
+            learned = score_tokens(learner, full, torch.ones_like(full), len(completion)).logps[0]
+        rows.append((learned, torch.tensor(own)))
     width = max(len(r[0]) for r in rows)
     learner_logps = torch.zeros(len(rows), width)
     sampler_logps = torch.zeros(len(rows), width)
@@ -130,8 +110,7 @@ def effect(old, sampling, mask, correction: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=len(QUESTIONS) * 2)
-    parser.add_argument("--per-prompt", type=int, default=4)
+    parser.add_argument("--per-prompt", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "sampler_corrections.json"))
     options = parser.parse_args()
@@ -142,7 +121,7 @@ def main() -> None:
     torch.manual_seed(0)
     path = model_path("smollm2", tempfile.mkdtemp())
     tokenizer = AutoTokenizer.from_pretrained(path)
-    old, sampling, mask = rollouts(path, tokenizer, options.per_prompt, options.tokens, options.prompts)
+    old, sampling, mask = rollouts(path, tokenizer, options.per_prompt, options.tokens)
     delta = (old - sampling)[mask.bool()]
     print(
         f"{mask.size(0)} completions, {int(mask.sum())} tokens; learner (fp32) - sampler (bf16) log-probability: "

@@ -61,8 +61,10 @@ def prompts(tokenizer) -> list[list[int]]:
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
-def sample_transformers(model, tokenizer, filters: dict, eos: list[int]):
-    """(prompt, completion, sampler logprobs) rows, sampled by `generate` with `filters`."""
+def sample_transformers(model, tokenizer, filters: dict, eos: list[int], per_prompt=PER_PROMPT, tokens=MAX_TOKENS):
+    """(prompt, completion, sampler logprobs) rows, sampled by `generate` with `filters`, `per_prompt` completions of
+    up to `tokens` tokens for each of `prompts(tokenizer)`; the sampler's log-probabilities are those of `generate`'s
+    processed scores (after its warpers)."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(
@@ -71,8 +73,8 @@ def sample_transformers(model, tokenizer, filters: dict, eos: list[int]):
         top_p=filters.get("top_p", 1.0),
         top_k=filters.get("top_k", 0),
         min_p=filters.get("min_p"),
-        max_new_tokens=MAX_TOKENS,
-        num_return_sequences=PER_PROMPT,
+        max_new_tokens=tokens,
+        num_return_sequences=per_prompt,
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
         output_scores=True,

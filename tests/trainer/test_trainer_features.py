@@ -218,22 +218,9 @@ def test_checkpoint_and_resume(tiny_model_dir, tiny_tokenizer, dataset, make_arg
 
 
 def test_router_aux_loss_on_a_mixture_of_experts(tiny_tokenizer, dataset, make_args):
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from grpokit.tiny import build_moe
 
-    config = MixtralConfig(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(config)
+    model = build_moe(tiny_tokenizer, "mixtral")
     trainer = build(model, tiny_tokenizer, dataset, make_args(router_aux_loss_coef=0.01))
     assert trainer.aux_loss_enabled and trainer.router_aux_loss_coef == 0.01
     trainer.train()
