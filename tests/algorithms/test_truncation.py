@@ -120,3 +120,34 @@ def test_the_run_takes_its_sampler_filters_from_the_config(tmp_path):
     assert sampling_truncation(config(top_p=0.9, generation_kwargs={"top_k": 5, "top_p": 1.0})) == Truncation(top_k=5)
     assert sampling_truncation(config(min_p=0.1, use_vllm=True)) == Truncation(min_p=0.1, order="vllm")
     assert sampling_truncation(config(top_k=20, logprobs_over_kept_tokens=False)) is None
+
+
+def test_top_p_cut_beyond_its_candidates_sorts_the_row():
+    """top_p 0.7 keeps 0.5 and 0.3: the cut is log 0.3. With one candidate the nucleus reaches past it (the mass
+    before the second token, 0.5, is below 0.7): the row is sorted whole and gives the same cut."""
+    from grpokit.algorithms.truncation import kept_threshold
+
+    for candidates in (1, 2, 4):
+        cut = kept_threshold(Z, Truncation(top_p=0.7), candidates=candidates)
+        assert cut.tolist() == pytest.approx([math.log(0.3)], abs=1e-6)
+    torch.manual_seed(3)
+    flat = torch.randn(16, 500) * 0.3  # a nucleus of hundreds of tokens
+    few = kept_threshold(flat, Truncation(top_p=0.9), candidates=8)
+    assert torch.equal(few, kept_threshold(flat, Truncation(top_p=0.9), candidates=500))
+
+
+def test_the_fused_path_filters_once_and_reuses_the_cut_in_backward(monkeypatch):
+    """The forward pass computes each chunk's thresholds; backward recomputes the logits, not the filters."""
+    import grpokit.algorithms.logprobs as logprobs
+
+    calls = []
+    original = logprobs.kept_threshold
+    monkeypatch.setattr(logprobs, "kept_threshold", lambda *a, **k: calls.append(1) or original(*a, **k))
+    hidden = torch.randn(12, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    logps, _ = linear_token_logps(
+        hidden, weight, None, torch.randint(0, 50, (12,)), logits_per_chunk=150, truncation=Truncation(top_p=0.8)
+    )
+    assert len(calls) == 4  # 12 rows, 3 a chunk
+    logps.sum().backward()
+    assert len(calls) == 4 and hidden.grad is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .truncation import Truncation, kept_mask, truncate_logits
+from .truncation import Truncation, kept_mask, kept_threshold, truncate_logits
 
 
 def token_logps_and_entropy(
@@ -87,17 +87,18 @@ def linear_token_logps(
     return logps, (None if entropy == "none" else entropies)
 
 
-def _chunk_logits(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, truncation=None, labels=None
-) -> Tensor:
-    """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head), -inf
-    outside the kept set of `truncation` (None: none)."""
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """`(n, V)` float32 tempered logits of a chunk of rows (the product in the inputs' dtype, as the LM head)."""
     logits = (hidden @ weight.t() if bias is None else torch.addmm(bias, hidden, weight.t())).float()
-    if temperature != 1.0:
-        logits.div_(temperature)  # a fresh tensor: in place, one pass less
-    if truncation is not None:
-        logits.masked_fill_(~kept_mask(logits, truncation, labels), -torch.inf)
-    return logits
+    return logits if temperature == 1.0 else logits.div_(temperature)  # a fresh tensor: in place, one pass less
+
+
+def _truncate_(logits: Tensor, truncation, labels: Tensor, threshold: Tensor) -> Tensor:
+    """`logits` with -inf outside the kept set given by `threshold` (in place); `threshold` filled first where it
+    is NaN (the forward pass computes it, the backward pass reuses it)."""
+    if torch.isnan(threshold).any():
+        threshold.copy_(kept_threshold(logits, truncation))
+    return logits.masked_fill_(~kept_mask(logits, truncation, labels, threshold), -torch.inf)
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
@@ -111,16 +112,20 @@ class _LinearLogSoftmax(torch.autograd.Function):
         logps = hidden.new_empty(n, dtype=torch.float32)
         log_norms = hidden.new_empty(n, dtype=torch.float32)  # log-sum-exp of each row's tempered logits
         entropies = hidden.new_zeros(n if entropy != "none" else 0, dtype=torch.float32)
+        # the kept set of a truncating sampler, one logit threshold per row: computed here, reused by backward
+        thresholds = hidden.new_full((n if truncation is not None else 0,), torch.nan, dtype=torch.float32)
         for start in range(0, n, rows):
             chunk = slice(start, start + rows)
-            logits = _chunk_logits(hidden[chunk], weight, bias, temperature, truncation, labels[chunk])  # (n, V)
+            logits = _chunk_logits(hidden[chunk], weight, bias, temperature)  # (n, V)
+            if truncation is not None:
+                _truncate_(logits, truncation, labels[chunk], thresholds[chunk])
             log_norms[chunk] = torch.logsumexp(logits, dim=-1)
             log_probs = logits.sub_(log_norms[chunk].unsqueeze(-1))  # in place: the logits are not needed after
             logps[chunk] = log_probs.gather(-1, labels[chunk].unsqueeze(-1)).squeeze(-1)
             if entropy != "none":
                 entropies[chunk] = _entropy(log_probs)
             del logits, log_probs
-        ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies)
+        ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies, thresholds)
         ctx.temperature, ctx.rows, ctx.truncation = temperature, rows, truncation
         device = hidden.device.type  # the backward pass recomputes the logits under the same autocast state
         ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
@@ -130,7 +135,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropies):
-        hidden, weight, bias, labels, log_norms, entropies = ctx.saved_tensors
+        hidden, weight, bias, labels, log_norms, entropies, thresholds = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
@@ -139,7 +144,9 @@ class _LinearLogSoftmax(torch.autograd.Function):
             chunk = slice(start, start + ctx.rows)
             device, dtype, enabled = ctx.autocast
             with torch.autocast(device, dtype=dtype, enabled=enabled):
-                logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature, ctx.truncation, labels[chunk])
+                logits = _chunk_logits(hidden[chunk], weight, bias, ctx.temperature)
+            if ctx.truncation is not None:
+                _truncate_(logits, ctx.truncation, labels[chunk], thresholds[chunk])
             grad_logits = _chunk_grad_logits(
                 logits,
                 labels[chunk],

@@ -19,11 +19,19 @@ compares probabilities with their maximum, which renormalising keeps); top-p doe
 min-p and top-p are both set: transformers runs top-k, top-p, min-p; vLLM runs min-p, then top-k, then top-p.
 
 The sampled token always counts as kept: the learner's filters, computed from its own logits, may drop a token at
-the boundary that the sampler kept (rounding), and its log-probability must stay finite.
+the boundary that the sampler kept (rounding: top-p's cumulative mass is summed here from the most likely token down,
+transformers and vLLM sum it from the least likely up, so a nucleus whose mass lands within rounding of `top_p` may
+end one token apart), and its log-probability must stay finite.
+
+Each filter keeps the tokens at or above a cut, so the kept set is one threshold per position: the fused LM-head
+path computes it once in the forward pass and keeps it (a float per token) for the backward pass, which recomputes
+the logits but not the filters. top-p finds its cut among the `TOP_P_CANDIDATES` most likely tokens (a top-k, not a
+sort of the vocabulary), sorting the whole row only when the nucleus is larger.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,36 +61,63 @@ class Truncation:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
 
-def _top_k(z: Tensor, k: int) -> Tensor:
-    k = min(k, z.size(-1))
-    return z >= torch.topk(z, k, dim=-1).values[..., -1:]
+# top-p looks for its cut among this many most likely tokens first; a row whose nucleus is larger is sorted whole
+TOP_P_CANDIDATES = 1024
 
 
-def _top_p(z: Tensor, p: float) -> Tensor:
-    """z: tempered logits with -inf where an earlier filter dropped a token."""
-    ordered, order = torch.sort(z, dim=-1)  # ascending
-    mass = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-    drop = mass <= 1 - p
-    drop[..., -1] = False  # the most likely token always stays
-    return ~drop.scatter(-1, order, drop)
+def _top_p_threshold(z: Tensor, p: float, floor: Tensor | None, candidates: int) -> Tensor:
+    """`(n,)` the smallest logit top-p keeps in each row of `z` `(n, V)`, over the tokens at or above `floor` (what
+    earlier filters left; None: all), renormalised: in descending order a token is kept while the mass before it is
+    below `p` (transformers' and vLLM's rule, read from the other end), the first always."""
+    masked = z if floor is None else z.masked_fill(z < floor.unsqueeze(-1), -torch.inf)
+    log_norm = torch.logsumexp(masked, dim=-1, keepdim=True)
+
+    def cut(values: Tensor, norm: Tensor) -> Tensor:  # values: descending
+        mass = torch.exp(values - norm)
+        keep = (torch.cumsum(mass, dim=-1) - mass) < p
+        keep[:, 0] = True
+        return values.gather(-1, (keep.sum(dim=-1) - 1).unsqueeze(-1)).squeeze(-1), keep.all(dim=-1)
+
+    k = min(candidates, z.size(-1))
+    threshold, all_kept = cut(torch.topk(masked, k, dim=-1).values, log_norm)
+    if k < z.size(-1) and all_kept.any():  # the nucleus may reach past the candidates: those rows sorted whole
+        rows = all_kept.nonzero().flatten()
+        values = torch.sort(masked[rows], dim=-1, descending=True).values
+        threshold[rows] = cut(values, log_norm[rows])[0]
+    return threshold
 
 
-def _min_p(z: Tensor, p: float) -> Tensor:
-    # log(prob_i) >= log(min_p) + log(prob_max)  <=>  z_i >= z_max + log(min_p): no softmax needed
-    return z >= z.amax(dim=-1, keepdim=True) + torch.log(torch.tensor(p, dtype=z.dtype, device=z.device))
-
-
-def kept_mask(z: Tensor, truncation: Truncation, labels: Tensor | None = None) -> Tensor:
-    """`(..., V)` bool: the tokens the sampler could draw at each position of the tempered logits `z` `(..., V)`;
-    each `labels` token (`(...)`, the sampled ones) is kept whatever the filters say."""
-    keep = torch.ones_like(z, dtype=torch.bool)
+def kept_threshold(z: Tensor, truncation: Truncation, candidates: int = TOP_P_CANDIDATES) -> Tensor:
+    """`(...)` per position of the tempered logits `z` `(..., V)`: the smallest logit the filters keep. Each filter
+    keeps every token at or above a cut (top-k: the k-th largest logit; top-p: see `_top_p_threshold`; min-p:
+    `max + log(min_p)`), so together they keep the tokens at or above the largest of the cuts, each computed on what
+    the filters before it left (tokens tied with a cut are all kept)."""
+    flat = z.reshape(-1, z.size(-1))
+    threshold = None
     for step in FILTER_ORDER[truncation.order]:
         if step == "top_k" and truncation.top_k > 0:
-            keep &= _top_k(z.masked_fill(~keep, -torch.inf), truncation.top_k)
+            cut = torch.topk(flat, min(truncation.top_k, flat.size(-1)), dim=-1).values[:, -1]
         elif step == "top_p" and truncation.top_p < 1.0:
-            keep &= _top_p(z.masked_fill(~keep, -torch.inf), truncation.top_p)
+            cut = _top_p_threshold(flat, truncation.top_p, threshold, candidates)
         elif step == "min_p" and truncation.min_p > 0.0:
-            keep &= _min_p(z.masked_fill(~keep, -torch.inf), truncation.min_p)
+            cut = flat.amax(dim=-1) + math.log(truncation.min_p)
+        else:
+            continue
+        threshold = cut if threshold is None else torch.maximum(threshold, cut)
+    if threshold is None:
+        threshold = flat.new_full((flat.size(0),), -torch.inf)
+    return threshold.reshape(z.shape[:-1])
+
+
+def kept_mask(
+    z: Tensor, truncation: Truncation, labels: Tensor | None = None, threshold: Tensor | None = None
+) -> Tensor:
+    """`(..., V)` bool: the tokens the sampler could draw at each position of the tempered logits `z` `(..., V)`
+    (those at or above `threshold`, `kept_threshold`'s, computed when not given); each `labels` token (`(...)`, the
+    sampled ones) is kept whatever the filters say."""
+    if threshold is None:
+        threshold = kept_threshold(z, truncation)
+    keep = z >= threshold.unsqueeze(-1)
     if labels is not None:
         keep.scatter_(-1, labels.unsqueeze(-1), True)
     return keep
