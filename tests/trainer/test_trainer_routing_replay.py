@@ -83,3 +83,22 @@ def test_agreement_counts_are_summed_over_processes_and_reset():
     assert metrics["routing/agreement"] == [pytest.approx(0.7)] and agreement.replayed == agreement.same == 0
     routing.log_agreement(agreement, Two(), metrics, "cpu")  # nothing replayed since: nothing logged
     assert len(metrics["routing/agreement"]) == 1
+
+
+def test_dynamic_sampling_assembles_the_routes_with_the_rows(moe_dir, dataset, make_args):
+    """Groups of prompts of odd length score a constant (dropped); the refill rounds' rows are assembled with their
+    routes, padded like their tokens (prompts on the left, completions on the right)."""
+
+    def half_constant(prompts, completions, **kwargs):
+        return [0.5 if len(p) % 2 else len(c) / 10 for p, c in zip(prompts, completions, strict=True)]
+
+    args = make_args(routing_replay=True, dynamic_sampling=True, max_steps=1, max_completion_length=6)
+    trainer = GRPOTrainer(moe_dir, half_constant, args=args, train_dataset=dataset)
+    trainer.train()
+    logged = next(e for e in trainer.state.log_history if "dynamic_sampling/rounds" in e)
+    assert logged["dynamic_sampling/rounds"] > 1  # a refill round was assembled
+    for batch in trainer._buffered_inputs:
+        prompt_routes, completion_routes = batch["prompt_routes"], batch["completion_routes"]
+        assert ((prompt_routes >= 0).all(-1) == batch["prompt_mask"].bool().unsqueeze(-1)).all()
+        assert completion_routes.shape[:2] == batch["completion_ids"].shape
+        assert ((completion_routes >= 0).all(-1).any(-1) <= batch["completion_mask"].bool()).all()
