@@ -212,3 +212,29 @@ def test_kl_rejection_zeroes_a_whole_sequence_and_is_counted():
     assert metrics["sampler/kl_rejected_fraction"] == pytest.approx(0.5)
     assert "sampler/veto_fraction" not in metrics
     assert metrics["sampler/clipped_fraction"] == pytest.approx(0.0)  # exp(0.5) and exp(-0.5) inside (0, 3]
+
+
+def test_the_sampler_metrics_are_token_means_over_every_process():
+    """Two processes: this one's token differences (0, 0.5, -0.5; the 4th masked), the other's a single token of
+    2.0 (what the fake collective hands back). Over all 4 tokens: gap (0 + 0.5 + 0.5 + 2) / 4 = 0.75, bias
+    (0 + 0.5 - 0.5 + 2) / 4 = 0.5 (a mean of the two processes' means would give 1.17 and 1.0); the median ratio is
+    exp of the middle of (-0.5, 0, 0.5, 2): exp(0.25)."""
+
+    class TwoProcesses:
+        process_index, num_processes = 0, 2
+
+        def gather(self, tensor):  # the other process's sums: 1 token, |d| 2, d 2, 1 sequence, 0 outside
+            return torch.cat([tensor, torch.tensor([[1.0, 2.0, 2.0, 1.0, 0.0]], dtype=tensor.dtype)])
+
+        def gather_padded(self, tensor, pad_value):
+            return torch.cat([tensor, torch.tensor([2.0], dtype=tensor.dtype)])
+
+    settings = RolloutSettings(num_generations=2)  # no correction: the sampler/* metrics alone
+    old = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]])
+    sampling = torch.tensor([[-1.0, -2.5], [-1.0, -0.5]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    weights, metrics = LossStepCorrection(TwoProcesses()).weights(old, sampling, mask, settings, parts=1)
+    assert weights is None and not any(name.startswith("sampling/") for name in metrics)
+    assert metrics["sampler/logprob_gap"] == pytest.approx(0.75)
+    assert metrics["sampler/logprob_bias"] == pytest.approx(0.5)
+    assert metrics["sampler/ratio/p50"] == pytest.approx(math.exp(0.25))
