@@ -43,7 +43,7 @@ def sample(sampler, tokenizer, prompts, tokens: int):
     )
     ids = torch.tensor(prompts)  # equal lengths: no padding
     recorder = routing.RouteRecorder()
-    with recorder.recording(sampler), torch.no_grad():
+    with recorder.recording(sampler, ids.size(0)), torch.no_grad():
         out = sampler.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
     completions = out.sequences[:, ids.size(1) :]
     logps = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)

@@ -160,39 +160,33 @@ def _replayed(router, forward, replay: Tensor, agreement: Agreement | None):
 
 
 class RouteRecorder:
-    """Records every router's choice during generation: `with recorder.recording(model):` around `generate`, then
-    `rows(prompt_lengths, padded_prompt_length, completion_lengths)` gives each row's routes `(prompt + completion
-    tokens, routers, top_k)`, -1 where the sampler never fed the token back (the last sampled one)."""
+    """Records every router's choice during generation: `with recorder.recording(model, rows):` around `generate` of
+    `rows` sequences, then `rows(prompt_lengths, padded_prompt_length, completion_lengths)` gives each row's routes
+    `(prompt + completion tokens, routers, top_k)`, -1 where the sampler never fed the token back (the last sampled
+    one). A forward call is seen through the routers alone (the first router starts a step), so a wrapped model (a
+    PEFT adapter, whose `generate` calls the model inside) is recorded as a plain one."""
 
     def __init__(self):
-        self.steps: list[list[Tensor]] = []  # per forward call: one (B, S, k) tensor per router
-        self._shape = None
+        self.steps: list[list[Tensor]] = []  # per forward call: one (rows, S, k) tensor per router
 
     @contextlib.contextmanager
-    def recording(self, model: nn.Module):
+    def recording(self, model: nn.Module, rows: int):
         found = routers(model)
         self.steps = []
-
-        def before(module, args, kwargs):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is None:
-                raise ReplayUnsupported("routing_replay records routes from input_ids; this generate passed none")
-            self._shape = tuple(ids.shape)
-            self.steps.append([None] * len(found))
-
-        handles = [model.register_forward_pre_hook(before, with_kwargs=True)]
-        for index, router in enumerate(found):
-            handles.append(router.register_forward_hook(self._hook(index)))
+        handles = [router.register_forward_hook(self._hook(index, rows)) for index, router in enumerate(found)]
         try:
             yield self
         finally:
             for handle in handles:
                 handle.remove()
 
-    def _hook(self, index: int):
+    def _hook(self, index: int, rows: int):
         def record(module, args, output):
-            batch, length = self._shape
-            self.steps[-1][index] = output[2].detach().to("cpu", torch.int16).reshape(batch, length, -1)
+            if index == 0:
+                self.steps.append([])
+            if len(self.steps[-1]) != index:
+                raise ValueError(f"routing replay: router {index} ran out of order during generation")
+            self.steps[-1].append(output[2].detach().to("cpu", torch.int16).reshape(rows, -1, output[2].size(-1)))
 
         return record
 

@@ -54,7 +54,7 @@ def _batch(prompts, completions, routes):
 def _own_routes(model, ids, mask) -> torch.Tensor:
     """The routers' own choice over a full forward of the batch: (B, T, routers, k)."""
     recorder = routing.RouteRecorder()
-    with recorder.recording(model), torch.no_grad():
+    with recorder.recording(model, ids.size(0)), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
     return torch.stack(recorder.steps[0], dim=2).long()
 
@@ -76,6 +76,19 @@ def test_generation_records_the_experts_a_full_forward_chooses(family, tokenizer
     own = _own_routes(model, ids, mask)
     assert _same_sets(own, padded.long())[recorded].all()
     assert not recorded[mask == 0].any()  # padding is never replayed
+
+
+def test_a_lora_wrapped_model_is_recorded_as_a_plain_one(tokenizer):
+    """PEFT's generate calls the model inside its wrapper: the routers alone mark each forward call."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_moe(tokenizer, "olmoe"), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.eval()
+    completions, routes = _generate(model, tokenizer)
+    ids, mask, _, padded = _batch(PROMPTS, completions, routes)
+    recorded = (padded >= 0).all(dim=-1)
+    assert int(recorded.sum()) == 2 * sum(len(p) + NEW_TOKENS - 1 for p in PROMPTS)
+    assert _same_sets(_own_routes(model, ids, mask), padded.long())[recorded].all()
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

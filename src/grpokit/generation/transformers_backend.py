@@ -73,7 +73,7 @@ class TransformersGenerator:
             if self.route_recorder is not None:  # routing replay: plain generate, every router's choice recorded
                 if vision is not None:
                     raise ValueError("routing_replay does not take image prompts yet (text-only MoE models)")
-                with self.route_recorder.recording(model):
+                with self.route_recorder.recording(model, input_ids.size(0)):
                     output = model.generate(**inputs, generation_config=self.generation_config)
             elif vision is None:
                 output = self._generate(model, inputs)
