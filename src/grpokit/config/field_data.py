@@ -914,9 +914,9 @@ TABLE = {'fields': [{'name': 'output_dir',
                      "route the learner's forward to the same ones (R3), the gate weights recomputed from the "
                      "learner's router so that it still learns; logs routing/agreement (the share the learner would "
                      'have routed alike). Transformers generation only (not vLLM, continuous batching, agents or '
-                     'async_grpo yet), no gradient_checkpointing. Off by default: with the transformers backend the '
-                     'sampler is the learner itself and routes alike up to rounding. An error with a model that has '
-                     'no router. grpokit extension.',
+                     'async_grpo yet). Off by default: with the transformers backend the sampler is the learner '
+                     'itself and routes alike up to rounding. An error with a model that has no router. grpokit '
+                     'extension.',
              'owner': 'GRPOConfig',
              'init': True,
              'default': False},
