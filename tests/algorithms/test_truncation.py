@@ -151,3 +151,10 @@ def test_the_fused_path_filters_once_and_reuses_the_cut_in_backward(monkeypatch)
     assert len(calls) == 4  # 12 rows, 3 a chunk
     logps.sum().backward()
     assert len(calls) == 4 and hidden.grad is not None
+
+
+def test_top_p_never_keeps_what_an_earlier_filter_took_away():
+    """top-k 2 leaves 0.5 and 0.3 (renormalised 0.625, 0.375); a top-p of nearly 1 keeps both, and not the tokens
+    top-k removed, even when the two kept masses sum to a hair under top_p in float32."""
+    assert _kept(top_k=2, top_p=1 - 1e-7) == [0, 1]
+    assert _kept(top_k=2, top_p=1 - 1e-7, order="vllm") == [0, 1]

@@ -102,3 +102,12 @@ def test_dynamic_sampling_assembles_the_routes_with_the_rows(moe_dir, dataset, m
         assert ((prompt_routes >= 0).all(-1) == batch["prompt_mask"].bool().unsqueeze(-1)).all()
         assert completion_routes.shape[:2] == batch["completion_ids"].shape
         assert ((completion_routes >= 0).all(-1).any(-1) <= batch["completion_mask"].bool()).all()
+
+
+def test_a_round_generated_without_routes_is_refused(moe_dir, dataset, make_args):
+    """routing_replay never trains a round silently without replay: a generation that recorded nothing (here the
+    recorder taken off the backend, as a `_generate` override generating by itself would) stops in one line."""
+    trainer = GRPOTrainer(moe_dir, text_reward, args=make_args(routing_replay=True), train_dataset=dataset)
+    trainer.generator.route_recorder = None
+    with pytest.raises(ValueError, match="routing_replay: this round's generation recorded no routed experts"):
+        trainer.train()

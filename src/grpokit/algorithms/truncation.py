@@ -72,9 +72,9 @@ def _top_p_threshold(z: Tensor, p: float, floor: Tensor | None, candidates: int)
     masked = z if floor is None else z.masked_fill(z < floor.unsqueeze(-1), -torch.inf)
     log_norm = torch.logsumexp(masked, dim=-1, keepdim=True)
 
-    def cut(values: Tensor, norm: Tensor) -> Tensor:  # values: descending
+    def cut(values: Tensor, norm: Tensor) -> tuple[Tensor, Tensor]:  # values: descending; (cut, nucleus not closed)
         mass = torch.exp(values - norm)
-        keep = (torch.cumsum(mass, dim=-1) - mass) < p
+        keep = ((torch.cumsum(mass, dim=-1) - mass) < p) & (values > -torch.inf)  # never what a floor took away
         keep[:, 0] = True
         return values.gather(-1, (keep.sum(dim=-1) - 1).unsqueeze(-1)).squeeze(-1), keep.all(dim=-1)
 

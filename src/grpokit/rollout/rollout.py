@@ -72,6 +72,8 @@ class RolloutSettings:
     importance_sampling_mode: str | None = None
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = None
+    # routing_replay: every round must bring the sampler's routed experts (grpokit.routing)
+    routing_replay: bool = False
     # grpokit's sampler corrections on top of the mode (see algorithms.importance_sampling); only with a mode
     importance_sampling_geometric: bool = False
     sampler_kl_threshold: float | None = None
@@ -107,6 +109,7 @@ class RolloutSettings:
             max_completion_length=args.max_completion_length,
             engine_positions=args.vllm_max_model_length if args.use_vllm else None,
             log_images=bool(args.log_completions and args.log_multimodal),
+            routing_replay=bool(getattr(args, "routing_replay", False)),
             **correction,
         )
 
@@ -235,6 +238,11 @@ def produce_rollout(
         generate(prompts)
     )
     routes = extra_fields.pop(ROUTES_FIELD, None)
+    if settings.routing_replay and routes is None:
+        raise ValueError(
+            "routing_replay: this round's generation recorded no routed experts (a _generate override or another "
+            "backend generated it); generate with the trainer's own transformers backend, or turn routing_replay off"
+        )
     columns = {**column_values(rows), **_extra_columns(extra_fields, len(rows))}
     vision_rows = _vision_rows(processor, prompts, prompt_id_lists, settings, device)
 
