@@ -349,3 +349,16 @@ def test_sequence_rejections_by_hand():
     assert veto.tolist() == [False, False] and keep.flatten().tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="kl_estimator"):
         sequence_rejections(old, sampling, mask, kl_threshold=0.1, kl_estimator="k2")
+
+
+def test_sampler_mismatch_counts_geometric_sequence_weights_as_the_correction_weighs_them():
+    """Bounds [0.92, 1.2]: geometric weights exp(-0.05) = 0.951 (in) and exp(0.25) = 1.284 (out): half masked; the
+    products exp(-0.1) = 0.905 and exp(0.5) = 1.649 would both be out."""
+    from grpokit.algorithms.importance_sampling import sampler_mismatch, sampler_mismatch_metrics
+
+    old, sampling, mask = _mismatch_inputs()
+    bounds = dict(mode="sequence_mask", clip_min=0.92, clip_max=1.2)
+    sums, log_ratios = sampler_mismatch(old, sampling, mask, geometric=True, **bounds)
+    assert sampler_mismatch_metrics(sums, log_ratios, "sequence_mask")["sampler/masked_fraction"] == pytest.approx(0.5)
+    sums, log_ratios = sampler_mismatch(old, sampling, mask, **bounds)
+    assert sampler_mismatch_metrics(sums, log_ratios, "sequence_mask")["sampler/masked_fraction"] == pytest.approx(1.0)

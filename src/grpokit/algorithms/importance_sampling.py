@@ -156,6 +156,7 @@ def sampler_mismatch(
     mode: str | None = None,
     clip_min: float | None = None,
     clip_max: float | None = None,
+    geometric: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """One process's share of grpokit's `sampler/*` metrics: how far the learner's log-probabilities of the sampled
     tokens (`old_logps`, before any update) are from the sampler's, whether or not a correction is on.
@@ -163,15 +164,18 @@ def sampler_mismatch(
     Returns `(sums, log_ratios)`: `sums` float64 `(5,)` = [tokens, sum |d|, sum d, units, units outside], where
     d = old_logps - sampling_logps over the active tokens whose sampling log-probability is known (not NaN); units
     are those tokens in token modes, the sequences with at least one of them in sequence modes (and with no mode);
-    "outside" counts the units whose weight `exp(d)` (a sequence: `exp(sum d)`) lies strictly outside
-    `[clip_min, clip_max]`: what a mask mode sets to 0 and a truncate mode clamps (0 without a mode). `log_ratios`:
+    "outside" counts the units whose weight `exp(d)` (a sequence: `exp(sum d)`, with `geometric` `exp(mean d)`, as
+    `vllm_importance_weights` weighs it) lies strictly outside `[clip_min, clip_max]`: what a mask mode sets to 0 and a truncate mode clamps (0 without a mode). `log_ratios`:
     the d values `(tokens,)`, for quantiles over every process. Sums add up over processes, so their ratios are
     token means over all processes, not means of per-process means."""
     known = completion_mask.bool() & ~torch.isnan(sampling_logps)
     delta = (old_logps.double() - sampling_logps.double()).masked_fill(~known, 0.0)
     if mode in SEQUENCE_MODES or mode is None:
         rows = known.any(dim=-1)
-        unit_log_weights = delta.sum(dim=-1)[rows]
+        unit_log_weights = delta.sum(dim=-1)
+        if geometric:
+            unit_log_weights = unit_log_weights / known.sum(dim=-1).clamp(min=1)
+        unit_log_weights = unit_log_weights[rows]
     else:
         unit_log_weights = delta[known]
     outside = torch.zeros((), dtype=torch.float64, device=delta.device)

@@ -82,6 +82,7 @@ def _reduced_metrics(old_logps, sampling_logps, loss_mask, ratio, settings, dist
         mode=mode,
         clip_min=settings.importance_sampling_clip_min,
         clip_max=settings.importance_sampling_clip_max,
+        geometric=settings.importance_sampling_geometric,
     )
     sums = dist.gather(sums.reshape(1, -1)).sum(dim=0)
     log_ratios = dist.gather_padded(log_ratios, pad_value=float("inf"))
