@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -115,6 +116,7 @@ def replaying(model: nn.Module, routes: Tensor, agreement: Agreement | None = No
         replay = routes[:, :, index, :].reshape(-1, routes.size(-1))
         router._grpokit_saved = vars(router).get("forward", _CLASS_FORWARD)
         router.forward = _replayed(router, router.forward, replay, agreement)
+        _ARMED.add(router)
     try:
         yield
     finally:
@@ -123,16 +125,20 @@ def replaying(model: nn.Module, routes: Tensor, agreement: Agreement | None = No
 
 
 _CLASS_FORWARD = object()  # the router had no forward of its own (the class's): deleting the wrapper restores it
+_ARMED = weakref.WeakSet()  # routers replaying now: release() is free when there are none (every training step)
 
 
 def release(model: nn.Module) -> None:
-    """Restore every router `replaying` left replaying (`until_released`); nothing when none is."""
+    """Restore every router of `model` that `replaying` left replaying (`until_released`); nothing when none is."""
+    if not _ARMED:
+        return
     for module in model.modules():
         saved = vars(module).pop("_grpokit_saved", None)
         if saved is _CLASS_FORWARD:
             del module.forward
         elif saved is not None:
             module.forward = saved
+        _ARMED.discard(module)
 
 
 def _replayed(router, forward, replay: Tensor, agreement: Agreement | None):

@@ -205,7 +205,7 @@ class GRPOTrainer(TRLCompatMixin, Trainer):
         # The NaN guard (grpokit.nan_guard); off under DeepSpeed, which steps inside backward (save_model still checks)
         self._nan_guard = None
         if self.is_deepspeed_enabled:
-            logger.warning("NaN guard off under DeepSpeed: it steps the optimizer inside backward")
+            logger.warning("NaN guard off under DeepSpeed, which steps inside backward: see max_nonfinite_steps")
         else:
             self._nan_guard = NaNGuard(args.max_nonfinite_steps, grad_scaler=self.accelerator.scaler is not None)
         self._weight_pushes = WeightPushes(self._nan_guard)  # vLLM: the policy's weights each round

@@ -74,7 +74,8 @@ def linear_token_logps(
         labels: `(N,)` the token each row predicts.
         temperature: the logits are divided by it.
         entropy: "none" (not computed), "detached" (computed, without gradient: for logging and masks) or "grad".
-        truncation: as in `token_logps_and_entropy` (the kept set is recomputed with each chunk's logits).
+        truncation: as in `token_logps_and_entropy`; the kept set's threshold per row is computed in the forward pass
+            and reused by the backward pass, which recomputes the logits but not the filters.
 
     Returns:
         `logps` `(N,)` float32 with gradient, and `entropies` `(N,)` float32 or None.
@@ -94,10 +95,7 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperatu
 
 
 def _truncate_(logits: Tensor, truncation, labels: Tensor, threshold: Tensor) -> Tensor:
-    """`logits` with -inf outside the kept set given by `threshold` (in place); `threshold` filled first where it
-    is NaN (the forward pass computes it, the backward pass reuses it)."""
-    if torch.isnan(threshold).any():
-        threshold.copy_(kept_threshold(logits, truncation))
+    """`logits` with -inf outside the kept set at or above `threshold` (one per row), the labels kept; in place."""
     return logits.masked_fill_(~kept_mask(logits, truncation, labels, threshold), -torch.inf)
 
 
@@ -113,11 +111,12 @@ class _LinearLogSoftmax(torch.autograd.Function):
         log_norms = hidden.new_empty(n, dtype=torch.float32)  # log-sum-exp of each row's tempered logits
         entropies = hidden.new_zeros(n if entropy != "none" else 0, dtype=torch.float32)
         # the kept set of a truncating sampler, one logit threshold per row: computed here, reused by backward
-        thresholds = hidden.new_full((n if truncation is not None else 0,), torch.nan, dtype=torch.float32)
+        thresholds = hidden.new_empty(n if truncation is not None else 0, dtype=torch.float32)
         for start in range(0, n, rows):
             chunk = slice(start, start + rows)
             logits = _chunk_logits(hidden[chunk], weight, bias, temperature)  # (n, V)
             if truncation is not None:
+                thresholds[chunk] = kept_threshold(logits, truncation)
                 _truncate_(logits, truncation, labels[chunk], thresholds[chunk])
             log_norms[chunk] = torch.logsumexp(logits, dim=-1)
             log_probs = logits.sub_(log_norms[chunk].unsqueeze(-1))  # in place: the logits are not needed after

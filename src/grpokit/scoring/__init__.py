@@ -85,6 +85,10 @@ def score_tokens(
     plain_only = compute_aux_loss or vision is not None or routes is not None
     lm = shared_prefix_model(model) if share_prefix and not plain_only else None
     chunk_size = chunk_size or input_ids.size(0)
+    if routes is not None and torch.is_grad_enabled() and chunk_size < input_ids.size(0):
+        raise ValueError(
+            "routing replay with gradients scores all rows in one chunk (its routers replay until backward)"
+        )
     entropy = "none" if not compute_entropy else "grad" if entropy_grad else "detached"
     logps, entropies, aux_losses = [], [], []
     for start in range(0, input_ids.size(0), chunk_size):
@@ -109,8 +113,6 @@ def score_tokens(
             )
             replay = contextlib.nullcontext()
             if routes is not None:  # with a backward to come, replayed until it is done (routing.release)
-                if torch.is_grad_enabled() and chunk_size < input_ids.size(0):
-                    raise ValueError("routing replay with gradients scores all rows in one chunk")
                 replay = routing.replaying(model, routes[rows], agreement, until_released=torch.is_grad_enabled())
             with replay:
                 chunk_logps, chunk_entropies, aux_loss = _score_plain(
