@@ -111,3 +111,26 @@ def test_a_round_generated_without_routes_is_refused(moe_dir, dataset, make_args
     trainer.generator.route_recorder = None
     with pytest.raises(ValueError, match="routing_replay: this round's generation recorded no routed experts"):
         trainer.train()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_truncating_sampler_is_scored_over_its_kept_set_in_the_policys_passes(
+    kept, tiny_model_dir, dataset, make_args, monkeypatch
+):
+    """top_k 5: the policy's passes (the off-policy round's old log-probabilities and the training forward) get the
+    sampler's filters in transformers' order, the reference model's none; logprobs_over_kept_tokens false: none
+    anywhere (TRL's whole vocabulary)."""
+    from grpokit.algorithms.truncation import Truncation
+
+    seen = []
+    original = scoring_module.score_tokens
+    monkeypatch.setattr(
+        trainer_module, "score_tokens", lambda *a, **k: seen.append(k.get("truncation")) or original(*a, **k)
+    )
+    args = make_args(top_k=5, beta=0.04, steps_per_generation=2, logprobs_over_kept_tokens=kept)
+    GRPOTrainer(tiny_model_dir, text_reward, args=args, train_dataset=dataset).train()
+    if kept:
+        assert seen.count(Truncation(top_k=5)) >= 3 and None in seen  # old pass + 2 training forwards; reference
+        assert set(seen) == {Truncation(top_k=5), None}
+    else:
+        assert set(seen) == {None}
