@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from . import few_rows
 from .kv_cache import GroupedLayer, buffered_cache, grouped_cache
 
 # Prompts at least this long are kept once per group in the KV cache (shorter ones cost more in index shuffling
@@ -151,8 +152,11 @@ class _Layer:
 
 
 def _linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
-    """`weight @ x^T (+ bias)`, `(out, n)`, for rows `x` `(n, in)`; `bias` is `(out, 1)` or None. With `x` row-major,
-    `x^T` is the column-major operand BLAS multiplies fastest for a few rows."""
+    """`weight @ x^T (+ bias)`, `(out, n)`, for rows `x` `(n, in)`; `bias` is `(out, 1)` or None. In float32 on an
+    x86-64 CPU with AVX-512F, `few_rows.mm` (a kernel that streams the weight once for all rows); else BLAS, with
+    `x` row-major, so that `x^T` is the column-major operand it multiplies fastest for a few rows."""
+    if few_rows.applies(weight, x):
+        return few_rows.mm(weight, x, bias)
     return torch.mm(weight, x.t()) if bias is None else torch.addmm(bias, weight, x.t())
 
 

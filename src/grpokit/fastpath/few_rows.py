@@ -1,0 +1,149 @@
+"""`W @ x^T` for a few float32 rows on an x86-64 CPU with AVX-512F, by a small C kernel (`few_rows.c`).
+
+The column decode step multiplies every weight of the model by one token per sequence: a product of `(out, in)` by
+`(in, rows)` with a few rows, whose speed is how fast the weight streams from memory. MKL's general kernels read it at
+about 11 GB/s on two cores; `few_rows.c` reaches 15-20 GB/s there (`benchmarks/bench_few_rows.py`), which is a third
+of the time of a real model's decoding (SmolLM2-135M).
+
+The kernel is compiled once per machine with the C compiler at hand (`$CC`, else `cc`; about half a second) into
+`$GRPOKIT_CACHE/kernels` (default `~/.cache/grpokit/kernels`) and loaded with ctypes. Anywhere it cannot be (no
+compiler, not Linux on x86-64, no AVX-512F, a build error, `GRPOKIT_CPU_KERNELS=0`), `kernel()` is None and the
+callers use torch's product, as before; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("few_rows.c")
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+# Rows x in-features the kernel takes: its rows of x must stay in the L1 cache (48 KB of float32 here) while the
+# weight streams past; beyond that (e.g. 16 rows of the MLP's 1536-wide down projection) BLAS is as fast or faster.
+MAX_ELEMENTS = 12288
+MAX_ROWS = 24
+
+
+def unavailable_reason(environ=os.environ, cpuinfo: str | None = None) -> str | None:
+    """Why the kernel cannot be used here, or None when it can be built."""
+    if environ.get("GRPOKIT_CPU_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "GRPOKIT_CPU_KERNELS is off"
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return f"{sys.platform} on {platform.machine()} (the kernel is for Linux on x86-64)"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "/proc/cpuinfo cannot be read"
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    if "avx512f" not in flags:
+        return "this CPU has no AVX-512F"
+    if compiler(environ) is None:
+        return "no C compiler (set CC, or install gcc)"
+    return None
+
+
+def compiler(environ=os.environ) -> str | None:
+    """The C compiler to build with: `$CC` when set, else `cc`, `gcc` or `clang` on PATH."""
+    names = [environ["CC"]] if environ.get("CC") else ["cc", "gcc", "clang"]
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def cache_dir(environ=os.environ) -> Path:
+    root = environ.get("GRPOKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "grpokit")
+    return Path(root) / "kernels"
+
+
+def build(cc: str, directory: Path) -> Path:
+    """Compile `few_rows.c` into `directory` (named by the source, the flags and the compiler, so that a change of
+    any rebuilds it) and return the library's path; an existing build is reused. Written to a temporary name and
+    renamed, so that processes building at once never load a half-written file."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    target = directory / f"few_rows-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        partial = Path(scratch) / target.name
+        result = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", str(partial)], capture_output=True, text=True, timeout=300
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+        os.replace(partial, target)
+    return target
+
+
+@functools.cache
+def kernel():
+    """The compiled `few_rows_mm` function, or None where it cannot be had (the reason is logged once)."""
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            library = ctypes.CDLL(str(build(compiler(), cache_dir())))
+            function = library.few_rows_mm
+            function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+            function.restype = None
+            return function
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            reason = f"it did not build: {error}"
+    logger.info("few-row decoding products use torch's kernels (%s)", reason)
+    return None
+
+
+def applies(weight: Tensor, x: Tensor) -> bool:
+    """Whether `mm(weight, x)` runs on the kernel: float32 CPU tensors, `x` `(rows, in)` with rows at most
+    `MAX_ROWS` and at most `MAX_ELEMENTS` values, both contiguous, no autograd."""
+    return (
+        x.dim() == 2
+        and 0 < x.size(0) <= MAX_ROWS
+        and x.numel() <= MAX_ELEMENTS
+        and weight.dtype == torch.float32
+        and x.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and x.device.type == "cpu"
+        and weight.is_contiguous()
+        and x.is_contiguous()
+        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+        and kernel() is not None
+    )
+
+
+def mm(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`weight @ x.T (+ bias[:, None])`: `(out, rows)` for `weight` `(out, in)`, `x` `(rows, in)`, `bias` `(out,)`
+    or `(out, 1)`. Call only where `applies(weight, x)`."""
+    out_features, in_features = weight.shape
+    if x.size(1) != in_features:
+        raise ValueError(f"x has {x.size(1)} features, the weight takes {in_features}")
+    if bias is not None:
+        bias = bias.reshape(-1).to(torch.float32).contiguous()
+        if bias.numel() != out_features:
+            raise ValueError(f"bias has {bias.numel()} values, the weight gives {out_features}")
+    y = torch.empty(out_features, x.size(0), dtype=torch.float32)
+    kernel()(
+        weight.data_ptr(),
+        x.data_ptr(),
+        y.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out_features,
+        in_features,
+        x.size(0),
+        torch.get_num_threads(),
+    )
+    return y

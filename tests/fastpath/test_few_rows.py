@@ -1,0 +1,133 @@
+"""The few-row product kernel (`few_rows.c`): `W @ x^T (+ bias)` as torch computes it, by hand on a small case and
+against `torch.addmm` across the shapes its blocks split into (odd weight rows, rows not a multiple of 8, widths not a
+multiple of 16); when it is used, when not, and why not; the column decode step on it."""
+
+import os
+
+import pytest
+import torch
+
+import grpokit.fastpath.column_step as column
+from grpokit.fastpath import few_rows
+
+needs_kernel = pytest.mark.skipif(few_rows.kernel() is None, reason=f"{few_rows.unavailable_reason()}")
+
+
+@needs_kernel
+def test_a_product_by_hand():
+    weight = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # (out 3, in 2)
+    x = torch.tensor([[1.0, 1.0], [0.0, 1.0]])  # two rows
+    # column r holds weight @ x[r]: [1 + 2, 3 + 4, 5 + 6] and [2, 4, 6]
+    assert torch.equal(few_rows.mm(weight, x), torch.tensor([[3.0, 2.0], [7.0, 4.0], [11.0, 6.0]]))
+    bias = torch.tensor([10.0, 20.0, 30.0])
+    assert torch.equal(few_rows.mm(weight, x, bias), torch.tensor([[13.0, 12.0], [27.0, 24.0], [41.0, 36.0]]))
+    assert torch.equal(few_rows.mm(weight, x, bias[:, None]), few_rows.mm(weight, x, bias))  # the column form too
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features", [1, 2, 7, 64, 1536])
+@pytest.mark.parametrize("in_features", [1, 15, 16, 17, 33, 576])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 24, 32])
+def test_equals_torch_up_to_rounding(out_features, in_features, rows):
+    torch.manual_seed(out_features * 1000 + in_features * 10 + rows)
+    weight, x, bias = torch.randn(out_features, in_features), torch.randn(rows, in_features), torch.randn(out_features)
+    for b in (None, bias):
+        expected = torch.mm(weight, x.t()) if b is None else torch.addmm(b[:, None], weight, x.t())
+        got = few_rows.mm(weight, x, b)
+        assert got.shape == (out_features, rows) and got.is_contiguous()
+        # float32 sums of in_features products, summed in another order
+        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5 * in_features**0.5)
+
+
+@needs_kernel
+def test_more_threads_than_weight_rows_and_one_thread():
+    weight, x = torch.randn(3, 40), torch.randn(5, 40)
+    expected = torch.mm(weight, x.t())
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 4):
+            torch.set_num_threads(n)
+            assert torch.allclose(few_rows.mm(weight, x), expected, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_applies_only_to_what_it_computes():
+    weight, x = torch.randn(64, 32), torch.randn(16, 32)
+    assert few_rows.applies(weight, x)
+    assert not few_rows.applies(weight.bfloat16(), x.bfloat16())  # float32 only
+    assert not few_rows.applies(weight, torch.randn(few_rows.MAX_ROWS + 1, 32))  # many rows: BLAS is as fast
+    wide = few_rows.MAX_ELEMENTS // 16
+    assert few_rows.applies(torch.randn(8, wide), torch.randn(16, wide))
+    assert not few_rows.applies(torch.randn(8, wide + 1), torch.randn(16, wide + 1))  # x would not stay in L1
+    assert not few_rows.applies(weight, torch.randn(32, 16).t())  # rows not contiguous
+    assert not few_rows.applies(weight.t().contiguous().t(), x)  # a transposed weight
+    assert not few_rows.applies(torch.nn.Parameter(weight), x)  # autograd would not see the product
+    with torch.no_grad():
+        assert few_rows.applies(torch.nn.Parameter(weight), x)
+
+
+def test_why_it_cannot_be_used():
+    cpu = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\n"
+    assert few_rows.unavailable_reason({"GRPOKIT_CPU_KERNELS": "0"}, cpu) == "GRPOKIT_CPU_KERNELS is off"
+    if few_rows.unavailable_reason({}, cpu) is not None:  # not Linux x86-64, or no compiler
+        pytest.skip(few_rows.unavailable_reason({}, cpu))
+    assert few_rows.unavailable_reason({}, cpu.replace(" avx512f", "")) == "this CPU has no AVX-512F"
+    no_compiler = {"CC": "/nonexistent/cc"}
+    assert few_rows.unavailable_reason(no_compiler, cpu) == "no C compiler (set CC, or install gcc)"
+
+
+@needs_kernel
+def test_built_once_and_reused(tmp_path):
+    cc = few_rows.compiler()
+    first = few_rows.build(cc, tmp_path)
+    built = first.stat().st_mtime_ns
+    assert few_rows.build(cc, tmp_path) == first and first.stat().st_mtime_ns == built
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no scratch left behind
+
+
+def test_a_build_error_is_reported(tmp_path, monkeypatch):
+    if few_rows.compiler() is None:
+        pytest.skip("no C compiler")
+    broken = tmp_path / "few_rows.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(few_rows, "SOURCE", broken)
+    with pytest.raises(RuntimeError, match="failed"):
+        few_rows.build(few_rows.compiler(), tmp_path / "kernels")
+    assert list((tmp_path / "kernels").iterdir()) == []
+
+
+@needs_kernel
+def test_the_column_step_multiplies_on_it(monkeypatch):
+    from grpokit.fastpath.kv_cache import buffered_cache
+    from tests.fastpath.test_column_step import lively, llama_with_biases, model_step, prefill
+
+    model = lively(llama_with_biases())  # biases on q/k/v, o and the MLP
+    calls = []
+    real = few_rows.mm
+    monkeypatch.setattr(few_rows, "mm", lambda *a: calls.append(a[0].shape) or real(*a))
+    prompts = torch.randint(2, 40, (2, 5))
+    mask = torch.ones_like(prompts)
+    cache, last = prefill(model, prompts, mask)
+    rows = torch.tensor([0, 0, 1, 1])
+    step = column.ColumnStep(model)
+    tokens = torch.randint(2, 40, (4,))
+    mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
+    with torch.no_grad():
+        got = step(tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+        expected = model_step(model, tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+    # per layer: q/k/v stacked, o, gate, up, down; then the LM head
+    assert len(calls) == 2 * 5 + 1 and calls[-1] == model.lm_head.weight.shape
+
+
+def test_switched_off_the_step_uses_torch(monkeypatch):
+    monkeypatch.setitem(os.environ, "GRPOKIT_CPU_KERNELS", "0")
+    few_rows.kernel.cache_clear()
+    try:
+        assert few_rows.kernel() is None
+        assert not few_rows.applies(torch.randn(8, 4), torch.randn(2, 4))
+    finally:
+        monkeypatch.delitem(os.environ, "GRPOKIT_CPU_KERNELS")
+        few_rows.kernel.cache_clear()
