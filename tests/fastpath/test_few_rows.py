@@ -78,6 +78,11 @@ def test_why_it_cannot_be_used():
     assert few_rows.unavailable_reason(no_compiler, cpu) == "no C compiler (set CC, or install gcc)"
 
 
+def test_built_into_grpokits_cache(tmp_path):
+    assert few_rows.cache_dir({"GRPOKIT_CACHE": str(tmp_path)}) == tmp_path / "kernels"
+    assert few_rows.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "grpokit" / "kernels"
+
+
 @needs_kernel
 def test_built_once_and_reused(tmp_path):
     cc = few_rows.compiler()

@@ -6,7 +6,7 @@ about 11 GB/s on two cores; `few_rows.c` reaches 15-20 GB/s there (`benchmarks/b
 of the time of a real model's decoding (SmolLM2-135M).
 
 The kernel is compiled once per machine with the C compiler at hand (`$CC`, else `cc`; about half a second) into
-`$GRPOKIT_CACHE/kernels` (default `~/.cache/grpokit/kernels`) and loaded with ctypes. Anywhere it cannot be (no
+`kernels` under grpokit's cache (`$GRPOKIT_CACHE`, else `$XDG_CACHE_HOME/grpokit`, else `~/.cache/grpokit`) and loaded with ctypes. Anywhere it cannot be (no
 compiler, not Linux on x86-64, no AVX-512F, a build error, `GRPOKIT_CPU_KERNELS=0`), `kernel()` is None and the
 callers use torch's product, as before; the reason is logged once.
 """
@@ -64,7 +64,11 @@ def compiler(environ=os.environ) -> str | None:
 
 
 def cache_dir(environ=os.environ) -> Path:
-    root = environ.get("GRPOKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "grpokit")
+    """`kernels` in grpokit's cache (as the converted models': `$GRPOKIT_CACHE`, else `$XDG_CACHE_HOME/grpokit`, else
+    `~/.cache/grpokit`)."""
+    root = environ.get("GRPOKIT_CACHE") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "grpokit"
+    )
     return Path(root) / "kernels"
 
 
