@@ -73,6 +73,7 @@ def test_each_prompt_is_prefilled_once_and_finished_rows_leave_the_batch(lively_
         {"repetition_penalty": 1.5},
         {"no_repeat_ngram_size": 2},
         {"min_new_tokens": 6},
+        {"min_length": 7},  # prompts are 3 long, padded: at least 4 new tokens
         {"do_sample": True, "top_k": 1},  # sampling through the logits processors, here down to one token
         {"suppress_tokens": [30, 31, 32]},
     ],
@@ -82,6 +83,30 @@ def test_generation_settings_are_honoured(lively_model, setting):
     plain = generate(lively_model, config(eos_token_id=eos, **setting), share_prefix=False, eos=eos)
     shared = generate(lively_model, config(eos_token_id=eos, **setting), share_prefix=True, eos=eos)
     assert shared == plain
+
+
+@pytest.mark.parametrize("length", [4, 5, 6, 9])
+def test_minimum_length_in_place_as_transformers_does_it(length):
+    from transformers.generation.logits_process import (
+        MinLengthLogitsProcessor,
+        MinNewTokensLengthLogitsProcessor,
+        TemperatureLogitsWarper,
+    )
+
+    torch.manual_seed(length)
+    input_ids, scores = torch.randint(0, 10, (3, length)), torch.randn(3, 10)
+    eos = [2, 7, 12]  # 12 is past the vocabulary: never masked
+    for processor, shorter_than in (
+        (MinLengthLogitsProcessor(min_length=6, eos_token_id=eos), 6),  # masked at lengths 4 and 5
+        (MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=2, min_new_tokens=3, eos_token_id=eos), 5),  # at 4
+    ):
+        expected = processor(input_ids, scores)
+        got = decoding._in_place(processor)(input_ids, scores.clone())
+        assert torch.equal(got, expected)
+        masked = torch.isinf(got).nonzero()[:, 1].unique().tolist()
+        assert masked == ([2, 7] if length < shorter_than else [])
+    other = TemperatureLogitsWarper(0.5)
+    assert decoding._in_place(other) is other
 
 
 def test_sampling_is_reproducible_and_ends_at_eos(lively_model):
