@@ -26,7 +26,7 @@ def test_a_product_by_hand():
 
 @needs_kernel
 @pytest.mark.parametrize("out_features", [1, 2, 7, 64, 1536])
-@pytest.mark.parametrize("in_features", [1, 15, 16, 17, 33, 576])
+@pytest.mark.parametrize("in_features", [1, 15, 16, 17, 33, 576, 1536])
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 24, 32])
 def test_equals_torch_up_to_rounding(out_features, in_features, rows):
     torch.manual_seed(out_features * 1000 + in_features * 10 + rows)

@@ -8,8 +8,8 @@ element-wise passes); `rms_norm` keeps its input and one scale per token and rec
 SmolLM2-135M's 30 layers that is 4,224 values a token less, 257 MB for the 508 tokens of a 16 x 32 GRPO batch in
 float32, for the same gradients up to float rounding (tested against autograd through the model's own modules).
 
-Under CPU autocast (mixed precision) the products run in its dtype as they would through the modules; the element-wise
-derivatives are computed in float32 and rounded once. Callers check `lean_mlp` / `lean_norm` first: plain modules only
+Under CPU autocast (mixed precision) the products run in its dtype as they would through the modules; the backward
+pass runs autograd's own operations (`silu_backward` and the products' derivatives) on the kept tensors. Callers check `lean_mlp` / `lean_norm` first: plain modules only
 (no hooks, no biases, SiLU, plain `nn.Linear`), otherwise the module's own forward runs.
 """
 
@@ -66,20 +66,18 @@ class _GatedMLP(torch.autograd.Function):
     @staticmethod
     @custom_bwd(device_type="cpu")
     def backward(ctx, grad_out):
+        # autograd's own operations on the kept tensors, in its order and dtypes (the product recomputed first)
         x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
-        g, u = gate.float(), up.float()
-        sigmoid = torch.sigmoid(g)
-        silu = g * sigmoid
-        grad_product = (grad_out @ w_down).float()  # d/d(silu(gate) * up), the product's dtype as forward's
-        grad_up = (grad_product * silu).to(up.dtype)
-        # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g)))
-        grad_gate = (grad_product * u * sigmoid * (1 + g * (1 - sigmoid))).to(gate.dtype)
-        del g, u, sigmoid, grad_product
+        silu = nn.functional.silu(gate)
+        grad_product = grad_out @ w_down  # d/d(silu(gate) * up)
+        grad_up = grad_product * silu
+        grad_gate = torch.ops.aten.silu_backward(grad_product.mul_(up), gate)
         grad_x = grad_w_gate = grad_w_up = grad_w_down = None
         flat_x = x.reshape(-1, x.size(-1))
         if ctx.needs_input_grad[3]:
-            product = (silu * up.float()).to(gate.dtype)
+            product = silu.mul_(up)
             grad_w_down = grad_out.reshape(-1, grad_out.size(-1)).t() @ product.reshape(-1, product.size(-1))
+        del silu
         if ctx.needs_input_grad[0]:
             grad_x = (grad_gate @ w_gate).to(x.dtype) + (grad_up @ w_up).to(x.dtype)  # summed in x's dtype
         if ctx.needs_input_grad[1]:
