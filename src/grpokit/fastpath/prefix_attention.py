@@ -4,8 +4,7 @@ decoder layers together, and attention reads each prompt's keys and values once 
 Through the model's own forward, shared-prefix scoring (`prefix._hidden_states_shared`) is two passes: the prompts,
 then the completions with the prompts' keys and values copied to every row. Here the decoder layers run once over the
 tokens of both, `G x P` prompt tokens and `B x (C - 1)` completion tokens, with the layers' own modules (norms,
-projections, MLP: adapters such as LoRA still apply; plain MLPs and RMSNorms through `lean_layers`, which keep less
-for backward); so every linear layer is one product (and one weight-gradient
+projections, MLP: adapters such as LoRA still apply); so every linear layer is one product (and one weight-gradient
 product) over all the tokens. Only attention differs: prompts attend causally within themselves; each group's
 completion queries meet their prompt's keys in one product per group, each row's queries its own completion's keys
 in another, and one softmax spans both, which is plain attention over the whole sequence. The prompt's gradient sums
@@ -22,7 +21,6 @@ import torch
 from torch import Tensor
 
 from .column_step import hooked, llama_family_reason, rotate
-from .lean_layers import gated_mlp, lean_mlp, lean_norm, rms_norm
 
 # Attention scores (prompts' and completions') this pass may hold in float32 at once: 256 MB. Above it the model's
 # own forward runs (`prefix._hidden_states_shared`).
@@ -91,7 +89,7 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
     split = groups * prompt_len
     for layer in backbone.layers:
         attn = layer.self_attn
-        h = _norm(layer.input_layernorm, x)[0]
+        h = layer.input_layernorm(x)[0]
         q, k, v = (proj(h).view(h.size(0), -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (N, heads, D)
         prompt_q, prompt_k, prompt_v = (
@@ -119,16 +117,11 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
                 ).reshape(rows * length, -1)
             )
         x = x + attn.o_proj(torch.cat(attended))[None]
-        h = _norm(layer.post_attention_layernorm, x)
-        x = x + (gated_mlp(layer.mlp, h) if lean_mlp(layer.mlp) else layer.mlp(h))
-    x = _norm(backbone.norm, x)[0]
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    x = backbone.norm(x)[0]
     last = x[:split].view(groups, prompt_len, -1)[:, -1:]  # (G, 1, d): predicts each completion's first token
     last = last.repeat_interleave(group_size, 0) if inverse is None else last.index_select(0, inverse)
     return torch.cat([last, x[split:].view(rows, length, x.size(-1))], dim=1)
-
-
-def _norm(norm, x: Tensor) -> Tensor:
-    return rms_norm(norm, x) if lean_norm(norm, x) else norm(x)
 
 
 def _prompt_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Tensor:
