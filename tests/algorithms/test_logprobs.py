@@ -80,3 +80,15 @@ def test_autocast_backward_recomputes_the_forward_logits():
     logps.sum().backward()
     # d(sum of log p)/d(weight) = sum_rows (1[label] - p) hidden: summed over the vocabulary, (1 - 1) hidden = 0.
     assert weight.grad.sum(0).abs().max() < 1e-4
+
+
+def test_entropy_counts_zero_probabilities_as_nothing():
+    from grpokit.algorithms.logprobs import _entropy
+
+    half, quarter = torch.tensor(0.5).log(), torch.tensor(0.25).log()
+    log_probs = torch.tensor(
+        [[half, half, -torch.inf, -torch.inf], [quarter] * 4, [0.0, -torch.inf, -torch.inf, -1e30]]
+    )
+    # -sum p log p: two halves, log 2; four quarters, log 4; one certain token, 0 (0 log 0 = 0, never NaN)
+    expected = torch.tensor([2.0, 4.0, 1.0]).log()
+    assert torch.allclose(_entropy(log_probs), expected, atol=1e-6)

@@ -170,9 +170,17 @@ class _LinearLogSoftmax(torch.autograd.Function):
 
 
 def _entropy(log_probs: Tensor) -> Tensor:
-    """`-sum p log p` over the last dimension (0 log 0 = 0)."""
+    """`-sum p log p` over the last dimension (0 log 0 = 0): one row-wise dot product of `p` and `log p` (two passes
+    over the rows, where masking the zeros first took five); rows holding a -inf log-probability (a truncated
+    sampler's) are summed again without their zeros."""
     probs = log_probs.exp()
-    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
+    entropies = -torch.linalg.vecdot(probs, log_probs)
+    bad = entropies.isnan()
+    if bad.any():
+        rows = bad.nonzero().squeeze(-1)
+        p, logp = probs[rows], log_probs[rows]
+        entropies[rows] = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
+    return entropies
 
 
 def _chunk_grad_logits(logits, labels, log_norms, entropies, grad_logps, grad_entropies) -> Tensor:
