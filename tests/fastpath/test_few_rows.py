@@ -1,6 +1,7 @@
-"""The few-row product kernel (`few_rows.c`): `W @ x^T (+ bias)` as torch computes it, by hand on a small case and
-against `torch.addmm` across the shapes its blocks split into (odd weight rows, rows not a multiple of 8, widths not a
-multiple of 16); when it is used, when not, and why not; the column decode step on it."""
+"""The few-row kernels (`few_rows.c`): `W @ x^T (+ bias)` as torch computes it, by hand on a small case and against
+`torch.addmm` across the shapes its blocks split into (odd weight rows, rows not a multiple of 8, widths not a
+multiple of 16); the RMSNorm of a few rows as the model's module computes it; when they are used, when not, and why
+not; the column decode step on them."""
 
 import os
 
@@ -127,12 +128,34 @@ def test_the_column_step_multiplies_on_it(monkeypatch):
     assert len(calls) == 2 * 5 + 1 and calls[-1] == model.lm_head.weight.shape
 
 
+@needs_kernel
+def test_rms_norm_by_hand_and_as_the_module():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    x, weight = torch.tensor([[3.0, 4.0], [0.0, 0.0]]), torch.tensor([1.0, 2.0])
+    # row 1: mean of squares 12.5, so x / sqrt(12.5) = [0.8485, 1.1314], times the weight; row 2 (eps 1e-6): zeros
+    expected = torch.tensor([[3.0, 8.0], [0.0, 0.0]]) / 12.5**0.5
+    assert torch.allclose(few_rows.rms_norm(x, weight, 1e-6), expected, atol=1e-6)
+    for rows, hidden in [(1, 576), (16, 576), (5, 17), (24, 1)]:
+        norm = LlamaRMSNorm(hidden, eps=1e-5)
+        with torch.no_grad():
+            norm.weight.normal_(1.0, 0.5)
+            x = torch.randn(rows, hidden) * 3
+            assert few_rows.rms_norm_applies(x, norm.weight)
+            assert torch.allclose(few_rows.rms_norm(x, norm.weight, 1e-5), norm(x), atol=1e-6, rtol=1e-5)
+    assert not few_rows.rms_norm_applies(x, norm.weight)  # outside no_grad: the weight wants a gradient
+    with torch.no_grad():
+        assert not few_rows.rms_norm_applies(x.bfloat16(), norm.weight)
+        assert not few_rows.rms_norm_applies(torch.randn(few_rows.MAX_ROWS + 1, hidden), norm.weight)
+
+
 def test_switched_off_the_step_uses_torch(monkeypatch):
     monkeypatch.setitem(os.environ, "GRPOKIT_CPU_KERNELS", "0")
-    few_rows.kernel.cache_clear()
+    few_rows.library.cache_clear()
     try:
         assert few_rows.kernel() is None
         assert not few_rows.applies(torch.randn(8, 4), torch.randn(2, 4))
+        assert not few_rows.rms_norm_applies(torch.randn(2, 4), torch.ones(4))
     finally:
         monkeypatch.delitem(os.environ, "GRPOKIT_CPU_KERNELS")
-        few_rows.kernel.cache_clear()
+        few_rows.library.cache_clear()

@@ -108,7 +108,9 @@ def _cast(weight: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
 
 
 def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
-    """The model's RMSNorm of rows `x` `(n, hidden)`, with its dtype casts."""
+    """The model's RMSNorm of rows `x` `(n, hidden)`, with its dtype casts (in float32 on the C path of `few_rows`)."""
+    if few_rows.rms_norm_applies(x, norm.weight):
+        return few_rows.rms_norm(x, norm.weight, norm.variance_epsilon)
     h = nn.functional.rms_norm(x.to(torch.float32), x.shape[-1:], eps=norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
 

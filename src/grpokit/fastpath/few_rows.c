@@ -12,6 +12,7 @@
  * Built by `few_rows.py` with the C compiler at hand, for x86-64 with AVX-512F; OpenMP threads share torch's pool.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #define PREFETCH_PAIRS 2 /* prefetch the weight rows this many row pairs ahead */
@@ -130,6 +131,34 @@ void few_rows_mm(const float *W, const float *X, float *Y, const float *bias, in
         for (int64_t r0 = sixteens; r0 < R; r0 += 8) {
             int64_t rb = R - r0 < 8 ? R - r0 : 8;
             blocks[rb](W + o * K, X + r0 * K, Y + o * R + r0, R, bias ? bias + o : 0, K);
+        }
+    }
+}
+
+/* RMS normalisation of R rows of K floats, as the model's RMSNorm computes it in float32:
+ * Y[r] = w * (X[r] / sqrt(mean(X[r]^2) + eps)). One thread: a decode step's rows are too few to share. */
+void few_rows_rms_norm(const float *X, const float *w, float *Y, int64_t R, int64_t K, float eps) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *x = X + r * K;
+        float *y = Y + r * K;
+        __m512 acc = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m512 v = _mm512_loadu_ps(x + k);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        if (k < K) {
+            __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << (K - k)) - 1), x + k);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float scale = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)K + eps);
+        __m512 s = _mm512_set1_ps(scale);
+        for (k = 0; k + 16 <= K; k += 16)
+            _mm512_storeu_ps(y + k, _mm512_mul_ps(_mm512_loadu_ps(w + k), _mm512_mul_ps(_mm512_loadu_ps(x + k), s)));
+        if (k < K) {
+            __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), s));
+            _mm512_mask_storeu_ps(y + k, m, v);
         }
     }
 }

@@ -95,20 +95,28 @@ def build(cc: str, directory: Path) -> Path:
 
 
 @functools.cache
-def kernel():
-    """The compiled `few_rows_mm` function, or None where it cannot be had (the reason is logged once)."""
+def library():
+    """The compiled library (`few_rows_mm`, `few_rows_rms_norm`), or None where it cannot be had (the reason is
+    logged once)."""
     reason = unavailable_reason()
     if reason is None:
         try:
-            library = ctypes.CDLL(str(build(compiler(), cache_dir())))
-            function = library.few_rows_mm
-            function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-            function.restype = None
-            return function
-        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            lib = ctypes.CDLL(str(build(compiler(), cache_dir())))
+            lib.few_rows_mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+            lib.few_rows_mm.restype = None
+            lib.few_rows_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+            lib.few_rows_rms_norm.restype = None
+            return lib
+        except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
             reason = f"it did not build: {error}"
     logger.info("few-row decoding products use torch's kernels (%s)", reason)
     return None
+
+
+def kernel():
+    """The compiled `few_rows_mm` function, or None."""
+    lib = library()
+    return None if lib is None else lib.few_rows_mm
 
 
 def applies(weight: Tensor, x: Tensor) -> bool:
@@ -150,4 +158,30 @@ def mm(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
         x.size(0),
         torch.get_num_threads(),
     )
+    return y
+
+
+def rms_norm_applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether `rms_norm(x, weight, eps)` runs in C: float32 CPU rows `(n, hidden)`, at most `MAX_ROWS`, contiguous,
+    no autograd, the library built."""
+    return (
+        x.dim() == 2
+        and 0 < x.size(0) <= MAX_ROWS
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == weight.device.type == "cpu"
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and weight.numel() == x.size(1)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and library() is not None
+    )
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`weight * x / sqrt(mean(x^2) + eps)` over each row (the float32 RMSNorm of Llama-family models), in one pass
+    of C per row, without torch's thread pool (a decode step's 16 x 576 values are too few to share, and waking the
+    pool cost more than the arithmetic: 60-70 us a call in the decode loop against 3). Call where
+    `rms_norm_applies(x, weight)`."""
+    y = torch.empty_like(x)
+    library().few_rows_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(0), x.size(1), eps)
     return y
