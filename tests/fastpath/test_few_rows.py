@@ -129,6 +129,66 @@ def test_the_column_step_multiplies_on_it(monkeypatch):
 
 
 @needs_kernel
+def test_silu_times_within_a_few_ulps_of_torch():
+    a = torch.cat([torch.linspace(-120, 120, 4800), torch.randn(4800) * 4])
+    b = torch.randn(9600)
+    expected, got = torch.nn.functional.silu(a) * b, few_rows.silu_mul(a, b)
+    ulps = (got - expected).abs() / (expected.abs() * 2**-23)
+    assert ulps[expected.abs() > 1e-30].max() <= 4  # two roundings (SiLU, the product) of ~1 ulp each, both sides
+    assert (got - expected).abs().max() < 1e-6  # and where SiLU underflows, both are about 0
+    assert torch.equal(few_rows.silu_mul(torch.zeros(16), torch.ones(16)), torch.zeros(16))  # silu(0) = 0
+    with pytest.raises(ValueError, match="multiple of 16"):
+        few_rows.silu_mul(torch.zeros(15), torch.zeros(15))
+
+
+@needs_kernel
+@pytest.mark.parametrize("in_features", [17, 576])
+def test_gated_equals_silu_of_gate_times_up(in_features):
+    torch.manual_seed(in_features)
+    gate, up, x = torch.randn(37, in_features), torch.randn(37, in_features), torch.randn(16, in_features)
+    expected = torch.nn.functional.silu(x @ gate.t()) * (x @ up.t())  # (rows, out)
+    got = few_rows.gated(gate, up, x)
+    assert got.shape == (16, 37) and got.is_contiguous()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5 * in_features)
+    assert few_rows.gated_applies(gate, up, x)
+    assert not few_rows.gated_applies(gate, up, x[:15])  # its block is 16 rows
+
+
+@needs_kernel
+def test_the_column_step_runs_the_gated_half_of_the_mlp_on_it(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpokit.fastpath.kv_cache import buffered_cache
+    from tests.fastpath.test_column_step import lively, model_step, prefill
+
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )  # no biases: gate, up and SiLU fuse
+    model = lively(LlamaForCausalLM(config))
+    calls = []
+    real = few_rows.gated
+    monkeypatch.setattr(few_rows, "gated", lambda *a: calls.append(a[0].shape) or real(*a))
+    prompts = torch.randint(2, 40, (2, 5))
+    mask = torch.ones_like(prompts)
+    cache, last = prefill(model, prompts, mask)
+    rows = torch.arange(2).repeat_interleave(8)  # 16 rows: the gated block
+    step = column.ColumnStep(model)
+    tokens = torch.randint(2, 40, (16,))
+    mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
+    with torch.no_grad():
+        got = step(tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+        expected = model_step(model, tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+    assert torch.allclose(got, expected, atol=5e-5, rtol=1e-5)  # logits up to ~5: float32 rounding
+    assert calls == [model.model.layers[0].mlp.gate_proj.weight.shape] * 2  # once per layer
+
+
+@needs_kernel
 def test_rms_norm_by_hand_and_as_the_module():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

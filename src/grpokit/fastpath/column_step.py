@@ -151,6 +151,9 @@ class _Layer:
             _Linear(m, dtype) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
         self.act = mlp.act_fn
+        # SiLU without biases: gate, up, SiLU and their product can be one pass of `few_rows.gated`
+        silu = type(self.act) is nn.SiLU or type(self.act).__name__ == "SiLUActivation"
+        self.fused_gate = silu and self.gate_proj.bias is None and self.up_proj.bias is None
 
 
 def _linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
@@ -220,8 +223,12 @@ class ColumnStep:
                 attended = _attend(q, keys, values, bias, layer.scaling)  # (n, Hq * D)
             x = x + _linear_layer(layer.o_proj, attended).t()
             h = _rms_norm(layer.post_norm, x)
-            h = layer.act(_linear_layer(layer.gate_proj, h)) * _linear_layer(layer.up_proj, h)  # (ff, n)
-            x = x + _linear_layer(layer.down_proj, h.t().contiguous()).t()
+            if layer.fused_gate and few_rows.gated_applies(layer.gate_proj.weight, layer.up_proj.weight, h):
+                h = few_rows.gated(layer.gate_proj.weight, layer.up_proj.weight, h)  # (n, ff)
+            else:
+                h = layer.act(_linear_layer(layer.gate_proj, h)) * _linear_layer(layer.up_proj, h)  # (ff, n)
+                h = h.t().contiguous()
+            x = x + _linear_layer(layer.down_proj, h).t()
         return _linear_layer(self.lm_head, _rms_norm(self.final_norm, x)).t()  # (n, V)
 
 

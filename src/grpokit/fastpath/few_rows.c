@@ -110,6 +110,29 @@ static void row_16(const float *w, const float *X, float *y, const float *b, int
     _mm512_storeu_ps(y, _mm512_add_ps(sum_lanes_16(a), _mm512_set1_ps(b ? b[0] : 0.0f)));
 }
 
+/* exp of 16 floats: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' degree-6 polynomial (about 1 ulp), times 2^n
+ * by scalef (which saturates to 0 and infinity beyond float's range). */
+static inline __m512 exp_16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)), _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* silu(a) * b, lane by lane: a / (1 + exp(-a)) * b. */
+static inline __m512 silu_mul_16(__m512 a, __m512 b) {
+    __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_mul_ps(_mm512_div_ps(a, _mm512_add_ps(one, exp_16(_mm512_sub_ps(_mm512_setzero_ps(), a)))), b);
+}
+
 typedef void (*block_fn)(const float *, const float *, float *, int64_t, const float *, int64_t);
 static const block_fn PAIRS[9] = {0, pair_1, pair_2, pair_3, pair_4, pair_5, pair_6, pair_7, pair_8};
 static const block_fn ROWS[9] = {0, row_1, row_2, row_3, row_4, row_5, row_6, row_7, row_8};
@@ -161,4 +184,28 @@ void few_rows_rms_norm(const float *X, const float *w, float *Y, int64_t R, int6
             _mm512_mask_storeu_ps(y + k, m, v);
         }
     }
+}
+
+/* The gated MLP's first half for 16k rows: H (R, N) row-major = silu(X Wg^T) * (X Wu^T), for Wg, Wu (N, K) and X
+ * (R, K), R a multiple of 16. Each row of Wg and of Wu is read once; H comes out in the rows the down projection
+ * multiplies, so neither product's columns nor their transpose is ever stored. */
+void few_rows_gated(const float *Wg, const float *Wu, const float *X, float *H, int64_t N, int64_t K, int64_t R,
+                    int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < N; o++) {
+        for (int64_t r0 = 0; r0 < R; r0 += 16) {
+            float g[16], u[16];
+            row_16(Wg + o * K, X + r0 * K, g, 0, K);
+            row_16(Wu + o * K, X + r0 * K, u, 0, K);
+            float h[16];
+            _mm512_storeu_ps(h, silu_mul_16(_mm512_loadu_ps(g), _mm512_loadu_ps(u)));
+            for (int r = 0; r < 16; r++) H[(r0 + r) * N + o] = h[r];
+        }
+    }
+}
+
+/* silu of 16 floats at a time (for tests of exp_16 and silu_mul_16): Y[i] = silu(A[i]) * B[i], n a multiple of 16. */
+void few_rows_silu_mul(const float *A, const float *B, float *Y, int64_t n) {
+    for (int64_t i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(Y + i, silu_mul_16(_mm512_loadu_ps(A + i), _mm512_loadu_ps(B + i)));
 }

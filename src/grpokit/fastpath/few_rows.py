@@ -106,6 +106,10 @@ def library():
             lib.few_rows_mm.restype = None
             lib.few_rows_rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
             lib.few_rows_rms_norm.restype = None
+            lib.few_rows_gated.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+            lib.few_rows_gated.restype = None
+            lib.few_rows_silu_mul.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+            lib.few_rows_silu_mul.restype = None
             return lib
         except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
             reason = f"it did not build: {error}"
@@ -184,4 +188,38 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     `rms_norm_applies(x, weight)`."""
     y = torch.empty_like(x)
     library().few_rows_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.size(0), x.size(1), eps)
+    return y
+
+
+def gated_applies(gate: Tensor, up: Tensor, x: Tensor) -> bool:
+    """Whether `gated(gate, up, x)` runs in C: `applies` for both weights, and 16 rows (the kernel's block)."""
+    return x.dim() == 2 and x.size(0) == 16 and gate.shape == up.shape and applies(gate, x) and applies(up, x)
+
+
+def gated(gate: Tensor, up: Tensor, x: Tensor) -> Tensor:
+    """`silu(x @ gate.T) * (x @ up.T)`, `(rows, out)`: the first half of a gated SiLU MLP, each weight read once,
+    SiLU and the product taken as the sums come out (exp by a polynomial good to about 1 ulp: equal to torch's
+    `silu` up to rounding). Call where `gated_applies(gate, up, x)`."""
+    out_features, in_features = gate.shape
+    h = torch.empty(x.size(0), out_features, dtype=torch.float32)
+    library().few_rows_gated(
+        gate.data_ptr(),
+        up.data_ptr(),
+        x.data_ptr(),
+        h.data_ptr(),
+        out_features,
+        in_features,
+        x.size(0),
+        torch.get_num_threads(),
+    )
+    return h
+
+
+def silu_mul(a: Tensor, b: Tensor) -> Tensor:
+    """`silu(a) * b` of float32 CPU tensors with a multiple of 16 values, the arithmetic `gated` uses (for tests)."""
+    a, b = a.contiguous(), b.contiguous()
+    if a.numel() % 16 or a.shape != b.shape:
+        raise ValueError("silu_mul takes two tensors of one shape with a multiple of 16 values")
+    y = torch.empty_like(a)
+    library().few_rows_silu_mul(a.data_ptr(), b.data_ptr(), y.data_ptr(), a.numel())
     return y
