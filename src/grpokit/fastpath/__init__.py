@@ -5,8 +5,8 @@ forward computes, faster on a CPU.
 - `kv_cache.py`: preallocated per-row KV buffers and prompts kept once per group while decoding;
 - `prefix_attention.py`: one-pass shared-prefix scoring, attention reading each prompt once per group (used by
   `scoring.prefix`);
-- `few_rows.py` (with `few_rows.c`): a float32 product kernel for the decode step's few rows, built once with the C
-  compiler at hand (x86-64 with AVX-512F; torch's product elsewhere);
+- `few_rows.py` (with `few_rows.c`): float32 kernels for the decode step's few rows (products, the gated MLP's first
+  half, RMSNorm), built once with the C compiler at hand (x86-64 with AVX-512F; torch's operations elsewhere);
 - `allocator.py`: freed memory kept for reuse instead of faulted in again every step (used by the trainer on CPU);
 - `cpu.py`: whether this CPU multiplies bfloat16 in hardware.
 

@@ -1,14 +1,16 @@
-"""`W @ x^T` for a few float32 rows on an x86-64 CPU with AVX-512F, by a small C kernel (`few_rows.c`).
+"""`W @ x^T` for a few float32 rows on an x86-64 CPU with AVX-512F, by a small C kernel (`few_rows.c`), and two more
+of the decode step's operations on those rows: the gated MLP's first half (`gated`) and RMSNorm (`rms_norm`).
 
 The column decode step multiplies every weight of the model by one token per sequence: a product of `(out, in)` by
 `(in, rows)` with a few rows, whose speed is how fast the weight streams from memory. MKL's general kernels read it at
 about 11 GB/s on two cores; `few_rows.c` reaches 15-20 GB/s there (`benchmarks/bench_few_rows.py`), which is a third
 of the time of a real model's decoding (SmolLM2-135M).
 
-The kernel is compiled once per machine with the C compiler at hand (`$CC`, else `cc`; about half a second) into
-`kernels` under grpokit's cache (`$GRPOKIT_CACHE`, else `$XDG_CACHE_HOME/grpokit`, else `~/.cache/grpokit`) and loaded with ctypes. Anywhere it cannot be (no
-compiler, not Linux on x86-64, no AVX-512F, a build error, `GRPOKIT_CPU_KERNELS=0`), `kernel()` is None and the
-callers use torch's product, as before; the reason is logged once.
+The library is compiled once per machine with the C compiler at hand (`$CC`, else `cc`; about half a second) into
+`kernels` under grpokit's cache (`$GRPOKIT_CACHE`, else `$XDG_CACHE_HOME/grpokit`, else `~/.cache/grpokit`) and loaded
+with ctypes. Anywhere it cannot be (no compiler, not Linux on x86-64, no AVX-512F, a build error,
+`GRPOKIT_CPU_KERNELS=0`), `library()` is None and the callers use torch's operations, as before; the reason is logged
+once.
 """
 
 from __future__ import annotations
