@@ -324,6 +324,25 @@ def test_a_setsid_double_fork_does_not_outlive_the_run(layer, ending):
         assert result.stdout == "forked 2\n"
 
 
+def test_a_launch_outliving_its_trainer_stops_before_anything_runs(tmp_path):
+    """The launcher's first exec dies with the trainer (parent-death signal) and, in case the trainer died before
+    that signal was set, checks that the trainer is still its parent: launched through a middleman (its parent is not
+    the process that built the command line, as after the trainer's death), it stops with 125 and runs nothing."""
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("util-linux's setpriv is not installed")
+    argv = sandbox._launcher("BWRAP", disk=1 << 20, source_fd=3, seccomp_fd=None, mode="plain")
+    guard = argv[: argv.index("BWRAP")]
+    assert guard[:4] == ["setpriv", "--pdeathsig", "KILL", "--"]
+    marker = tmp_path / "ran"
+    command = [*guard, "/bin/sh", "-c", 'echo yes > "$0"', str(marker)]
+    assert subprocess.run(command).returncode == 0 and marker.read_text() == "yes\n"  # its parent: this process
+    marker.unlink()
+    middleman = subprocess.run(["/bin/sh", "-c", '"$@"; exit $?', "sh", *command])  # its parent: the middleman
+    assert middleman.returncode == 125 and not marker.exists()
+
+
 def test_nothing_survives_the_trainer_being_killed(tmp_path):
     """--die-with-parent: a SIGKILLed trainer takes its running programs with it."""
     token = 7_654_321  # an unusual max_file_bytes: it shows up on the program's command line

@@ -488,6 +488,8 @@ def _launcher(
 ) -> list[str]:
     """The command line that starts bwrap for one run (the program's command follows it).
 
+    - dies with the trainer from its first exec on (`setpriv --pdeathsig`, where util-linux's setpriv is installed),
+      and stops at once if the trainer died before that;
     - joins the run's cgroups first (a shell that writes its pid, then execs the rest), so nothing is outside them;
     - "root" mode (the trainer is root): a mount namespace of its own (`unshare --mount`) where the staging script
       makes the working directory and binds the Python install, then `setpriv` becomes `SANDBOX_UID` with no
@@ -501,9 +503,9 @@ def _launcher(
     stage = _stage_point() if caps_names or drops_uid else None
     empty_fds = () if "proc" in without else empty_fds
     argv = _bwrap_argv(bwrap, disk=disk, source_fd=source_fd, seccomp_fd=seccomp_fd, stage=stage, empty_fds=empty_fds)
-    if drops_uid:
+    if drops_uid:  # changing the uid clears the parent-death signal: set again after it (bwrap sets its own too)
         drop = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups", "--inh-caps=-all"]
-        argv = ["setpriv", *drop, "--bounding-set=-all", "--no-new-privs", "--", *argv]
+        argv = ["setpriv", *drop, "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--", *argv]
     if stage is not None:
         owner = SANDBOX_UID if drops_uid else 0
         script = _stage_script(stage, disk=disk, owner=owner, inodes="inodes" not in without)
@@ -513,6 +515,12 @@ def _launcher(
         argv = [*unshare, "/bin/sh", "-c", script, "sh", *argv]
     if groups:
         argv = ["/bin/sh", "-c", _JOIN, "sh", *(os.path.join(g, "cgroup.procs") for g in groups), "--", *argv]
+    if shutil.which("setpriv"):
+        # bwrap's --die-with-parent comes only once bwrap runs: a trainer killed while the launcher stages the run
+        # would leave it orphaned, to start the program anyway. So the first exec already dies with the trainer
+        # (the signal is kept across the execs up to the uid change above), and stops if the trainer died before.
+        guard = f'[ "$PPID" = {os.getpid()} ] || exit 125; exec "$@"'
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", "/bin/sh", "-c", guard, "sh", *argv]
     return argv
 
 
