@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if few_rows.kernel() is None:
+    if few_rows.library() is None:
         raise SystemExit(f"the kernel is not available here: {few_rows.unavailable_reason()}")
     print(f"{'product':>8} {'out x in':>12} {'rows':>4} {'torch GB/s':>10} {'few_rows GB/s':>13} {'ratio':>6}")
     for name, (out_features, in_features) in SHAPES.items():

@@ -11,7 +11,7 @@ import torch
 import grpokit.fastpath.column_step as column
 from grpokit.fastpath import few_rows
 
-needs_kernel = pytest.mark.skipif(few_rows.kernel() is None, reason=f"{few_rows.unavailable_reason()}")
+needs_kernel = pytest.mark.skipif(few_rows.library() is None, reason=f"{few_rows.unavailable_reason()}")
 
 
 @needs_kernel
@@ -104,25 +104,31 @@ def test_a_build_error_is_reported(tmp_path, monkeypatch):
     assert list((tmp_path / "kernels").iterdir()) == []
 
 
+def one_column_step(model, rows):
+    """The column step's next-token logits for `rows` (each a row of one of two prompts) and the model's own."""
+    from grpokit.fastpath.kv_cache import buffered_cache
+    from tests.fastpath.test_column_step import model_step, prefill
+
+    prompts = torch.randint(2, 40, (2, 5))
+    mask = torch.ones_like(prompts)
+    cache, last = prefill(model, prompts, mask)
+    tokens = torch.randint(2, 40, (rows.numel(),))
+    mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
+    with torch.no_grad():
+        got = column.ColumnStep(model)(tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+        expected = model_step(model, tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+    return got, expected
+
+
 @needs_kernel
 def test_the_column_step_multiplies_on_it(monkeypatch):
-    from grpokit.fastpath.kv_cache import buffered_cache
-    from tests.fastpath.test_column_step import lively, llama_with_biases, model_step, prefill
+    from tests.fastpath.test_column_step import lively, llama_with_biases
 
     model = lively(llama_with_biases())  # biases on q/k/v, o and the MLP
     calls = []
     real = few_rows.mm
     monkeypatch.setattr(few_rows, "mm", lambda *a: calls.append(a[0].shape) or real(*a))
-    prompts = torch.randint(2, 40, (2, 5))
-    mask = torch.ones_like(prompts)
-    cache, last = prefill(model, prompts, mask)
-    rows = torch.tensor([0, 0, 1, 1])
-    step = column.ColumnStep(model)
-    tokens = torch.randint(2, 40, (4,))
-    mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
-    with torch.no_grad():
-        got = step(tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
-        expected = model_step(model, tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+    got, expected = one_column_step(model, torch.tensor([0, 0, 1, 1]))
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
     # per layer: q/k/v stacked, o, gate, up, down; then the LM head
     assert len(calls) == 2 * 5 + 1 and calls[-1] == model.lm_head.weight.shape
@@ -158,8 +164,7 @@ def test_gated_equals_silu_of_gate_times_up(in_features):
 def test_the_column_step_runs_the_gated_half_of_the_mlp_on_it(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpokit.fastpath.kv_cache import buffered_cache
-    from tests.fastpath.test_column_step import lively, model_step, prefill
+    from tests.fastpath.test_column_step import lively
 
     config = LlamaConfig(
         vocab_size=40,
@@ -174,16 +179,7 @@ def test_the_column_step_runs_the_gated_half_of_the_mlp_on_it(monkeypatch):
     calls = []
     real = few_rows.gated
     monkeypatch.setattr(few_rows, "gated", lambda *a: calls.append(a[0].shape) or real(*a))
-    prompts = torch.randint(2, 40, (2, 5))
-    mask = torch.ones_like(prompts)
-    cache, last = prefill(model, prompts, mask)
-    rows = torch.arange(2).repeat_interleave(8)  # 16 rows: the gated block
-    step = column.ColumnStep(model)
-    tokens = torch.randint(2, 40, (16,))
-    mask, positions = torch.nn.functional.pad(mask[rows], (0, 1), value=1), last[rows] + 1
-    with torch.no_grad():
-        got = step(tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
-        expected = model_step(model, tokens, positions, mask, buffered_cache(cache, rows, capacity=8))
+    got, expected = one_column_step(model, torch.arange(2).repeat_interleave(8))  # 16 rows: the gated block
     assert torch.allclose(got, expected, atol=5e-5, rtol=1e-5)  # logits up to ~5: float32 rounding
     assert calls == [model.model.layers[0].mlp.gate_proj.weight.shape] * 2  # once per layer
 
@@ -213,7 +209,7 @@ def test_switched_off_the_step_uses_torch(monkeypatch):
     monkeypatch.setitem(os.environ, "GRPOKIT_CPU_KERNELS", "0")
     few_rows.library.cache_clear()
     try:
-        assert few_rows.kernel() is None
+        assert few_rows.library() is None
         assert not few_rows.applies(torch.randn(8, 4), torch.randn(2, 4))
         assert not few_rows.rms_norm_applies(torch.randn(2, 4), torch.ones(4))
     finally:

@@ -119,28 +119,20 @@ def library():
     return None
 
 
-def kernel():
-    """The compiled `few_rows_mm` function, or None."""
-    lib = library()
-    return None if lib is None else lib.few_rows_mm
+def _plain(*tensors: Tensor) -> bool:
+    """Whether the C functions can take `tensors`: float32, on the CPU, contiguous, outside autograd, the library
+    built."""
+    return (
+        all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and library() is not None
+    )
 
 
 def applies(weight: Tensor, x: Tensor) -> bool:
     """Whether `mm(weight, x)` runs on the kernel: float32 CPU tensors, `x` `(rows, in)` with rows at most
     `MAX_ROWS` and at most `MAX_ELEMENTS` values, both contiguous, no autograd."""
-    return (
-        x.dim() == 2
-        and 0 < x.size(0) <= MAX_ROWS
-        and x.numel() <= MAX_ELEMENTS
-        and weight.dtype == torch.float32
-        and x.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and x.device.type == "cpu"
-        and weight.is_contiguous()
-        and x.is_contiguous()
-        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-        and kernel() is not None
-    )
+    return x.dim() == 2 and 0 < x.size(0) <= MAX_ROWS and x.numel() <= MAX_ELEMENTS and _plain(weight, x)
 
 
 def mm(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -154,7 +146,7 @@ def mm(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
         if bias.numel() != out_features:
             raise ValueError(f"bias has {bias.numel()} values, the weight gives {out_features}")
     y = torch.empty(out_features, x.size(0), dtype=torch.float32)
-    kernel()(
+    library().few_rows_mm(
         weight.data_ptr(),
         x.data_ptr(),
         y.data_ptr(),
@@ -170,17 +162,7 @@ def mm(weight: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
 def rms_norm_applies(x: Tensor, weight: Tensor) -> bool:
     """Whether `rms_norm(x, weight, eps)` runs in C: float32 CPU rows `(n, hidden)`, at most `MAX_ROWS`, contiguous,
     no autograd, the library built."""
-    return (
-        x.dim() == 2
-        and 0 < x.size(0) <= MAX_ROWS
-        and x.dtype == weight.dtype == torch.float32
-        and x.device.type == weight.device.type == "cpu"
-        and x.is_contiguous()
-        and weight.is_contiguous()
-        and weight.numel() == x.size(1)
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and library() is not None
-    )
+    return x.dim() == 2 and 0 < x.size(0) <= MAX_ROWS and weight.numel() == x.size(1) and _plain(x, weight)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
