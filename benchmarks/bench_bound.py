@@ -50,10 +50,8 @@ def bound(workload: bench_grpo.Workload, config: dict, peaks: dict, bandwidth: f
     generation, training = bench_grpo.step_flops(
         config, workload.prompt_tokens, length, groups, rows // groups, parts=True
     )
-    d, layers, ff, vocab = (config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
-    head_dim = config.get("head_dim") or d // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
-    weights = layers * (2 * d * d + 2 * d * kv + 3 * d * ff) + d * vocab  # read by every decode step
+    d, layers, ff, vocab, q, kv = bench_grpo.model_shapes(config)
+    weights = layers * (2 * d * q + 2 * d * kv + 3 * d * ff) + d * vocab  # read by every decode step
     decode_steps = length - 1
     prefill = groups * workload.prompt_tokens * 2 * weights  # about: the body and (once per group) the LM head
     per_decode = (generation - prefill) / decode_steps

@@ -98,6 +98,14 @@ WORKLOADS = {
 # ------------------------------------------------------------------------------------------------ FLOPs
 
 
+def model_shapes(config: dict) -> tuple[int, int, int, int, int, int]:
+    """hidden, layers, intermediate, vocabulary, attention width (heads x head dim) and key/value width of a
+    Llama-architecture `config.json`."""
+    d, layers, ff, vocab = (config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    head_dim = config.get("head_dim") or d // config["num_attention_heads"]
+    return d, layers, ff, vocab, config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+
+
 def step_flops(
     config: dict, prompt_len: int, completion_len: int, groups: int, group_size: int, *, parts: bool = False
 ) -> float | tuple[float, float]:
@@ -118,12 +126,8 @@ def step_flops(
     The prompt's last position yields the first completion token's logits in both generation and training (so
     generation needs C - 1 decode steps and C LM-head rows per completion in all). `parts`: (generation, training).
     """
-    d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    head_dim = config.get("head_dim") or d // heads
-    attn_width = heads * head_dim
-    ff = config["intermediate_size"]
-    per_layer = d * attn_width * 2 + 2 * d * kv_heads * head_dim + 3 * d * ff  # q, o; k, v; gate, up, down
+    d, layers, ff, vocab, attn_width, kv_width = model_shapes(config)
+    per_layer = d * attn_width * 2 + 2 * d * kv_width + 3 * d * ff  # q, o; k, v; gate, up, down
     body = 2 * layers * per_layer
     lm_head = 2 * d * vocab
 

@@ -36,16 +36,9 @@ import bench_grpo  # noqa: E402
 MB = 2**20
 
 
-def shapes(config: dict) -> tuple[int, int, int, int, int, int]:
-    """hidden, layers, intermediate, vocabulary, q width, k (= v) width of a Llama-architecture `config.json`."""
-    d, layers, ff, vocab = (config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
-    head_dim = config.get("head_dim") or d // config["num_attention_heads"]
-    return d, layers, ff, vocab, config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-
-
 def parameter_count(config: dict) -> int:
     """Parameters of a Llama-architecture model described by its `config.json` (tied embeddings counted once)."""
-    d, layers, ff, vocab, q, kv = shapes(config)
+    d, layers, ff, vocab, q, kv = bench_grpo.model_shapes(config)
     layer = d * q + 2 * d * kv + q * d + 3 * d * ff + 2 * d  # q, k, v, o; gate, up, down; two RMSNorm weights
     embeddings = vocab * d * (1 if config.get("tie_word_embeddings", True) else 2)
     return layers * layer + embeddings + d  # + the final norm
@@ -54,7 +47,7 @@ def parameter_count(config: dict) -> int:
 def floor_mb(workload: bench_grpo.Workload, config: dict, process_mb: float) -> dict:
     """The floor's parts in MB (see the module's docstring)."""
     params = parameter_count(config)
-    d, layers, ff, vocab, q, kv = shapes(config)
+    d, layers, ff, vocab, q, kv = bench_grpo.model_shapes(config)
     groups = bench_grpo.COMPLETIONS_PER_STEP // bench_grpo.NUM_GENERATIONS
     tokens = groups * workload.prompt_tokens + bench_grpo.COMPLETIONS_PER_STEP * bench_grpo.COMPLETION_LENGTH
     per_token_layer = 2 * d + (q + 2 * kv) + q + 2 * ff
