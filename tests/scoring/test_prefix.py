@@ -166,10 +166,48 @@ def test_plain_pass_when_the_logits_are_not_the_lm_head(tiny_tokenizer, caplog):
     assert torch.allclose(scores.logps[active], expected[active], atol=1e-5)
 
 
-def test_plain_pass_under_activation_checkpointing(tiny_model):
+@pytest.mark.parametrize(
+    "kwargs, recomputed",
+    [
+        ({"gradient_checkpointing_kwargs": {"use_reentrant": False}}, [0, 1]),
+        ({"gradient_checkpointing_kwargs": {"use_reentrant": True}}, [0, 1]),
+        ({"every_n_layers": 2}, [0]),  # transformers checkpoints layers 0, 2, ...: the others run once
+    ],
+)
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated")  # its new name: transformers 5.20+
+def test_one_pass_under_activation_checkpointing(tiny_model, monkeypatch, kwargs, recomputed):
+    """Under transformers' activation checkpointing the one-pass route still runs (the same scores and gradients as
+    the plain pass without checkpointing), and each checkpointed layer runs again in backward through the layer's
+    own checkpoint function (its kwargs, `every_n_layers`): two MLP calls for those layers, one for the others
+    (counted as they start: the recomputation stops once it has what backward needs)."""
+    import grpokit.fastpath.prefix_attention as prefix_attention
+
+    assert tiny_model.config.num_hidden_layers == 2
+    tiny_model.train()  # no dropout in the tiny model: training mode changes nothing else
+    ids, mask, completion_mask = grpo_batch()
+    plain = scores_and_grads(tiny_model, ids, mask, completion_mask, share_prefix=False)
+    tiny_model.gradient_checkpointing_enable(**kwargs)
+    assert shared_prefix_model(tiny_model) is tiny_model
+    calls = [0, 0]
+    for index, layer in enumerate(tiny_model.model.layers):
+        layer.mlp.register_forward_pre_hook(lambda *args, index=index: calls.__setitem__(index, calls[index] + 1))
+    group_sizes = []
+    original = prefix_attention.grouped_attention
+    monkeypatch.setattr(prefix_attention, "grouped_attention", lambda *a: group_sizes.append(a[-1]) or original(*a))
+    checkpointed = scores_and_grads(tiny_model, ids, mask, completion_mask)
+    assert group_sizes == [4] * (2 + len(recomputed))  # the one-pass attention, again for each recomputed layer
+    assert calls == [2 if index in recomputed else 1 for index in range(2)]
+    assert_same(plain, checkpointed)
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated")
+def test_plain_pass_under_activation_checkpointing_where_one_pass_cannot_run(tiny_model, monkeypatch):
+    import grpokit.scoring.prefix as prefix
+
+    monkeypatch.setattr(prefix, "grouped_attention_model", lambda lm: False)  # e.g. not a Llama-family model
     tiny_model.gradient_checkpointing_enable()
     tiny_model.train()
-    assert shared_prefix_model(tiny_model) is None  # checkpointed layers drop the KV cache
+    assert shared_prefix_model(tiny_model) is None  # the model's own two passes need the KV cache checkpointing drops
     tiny_model.eval()
     assert shared_prefix_model(tiny_model) is tiny_model
 

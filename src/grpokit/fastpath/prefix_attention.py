@@ -13,9 +13,13 @@ over its group's rows inside the products.
 Positions are those of the plain pass over the padded sequence (0 .. P - 1 for the prompt, P .. for the completion),
 as transformers numbers them without position ids. Only Llama and Qwen2 models on CPU with no hooks on the layers
 whose forward this replaces; `prefix` also checks the result against the model's plain forward pass once per model.
+Under transformers' activation checkpointing each checkpointed layer runs through that layer's own checkpoint
+function (the user's kwargs, `every_n_layers`, offloading), so backward recomputes it as the model's forward would.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -86,42 +90,74 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
     prompt_bias = prompt_bias[:, None, None, None, None, :]  # (G', 1, 1, 1, 1, P), as the grouped prompt scores
     own = torch.ones(length, length, dtype=torch.bool, device=x.device).tril_()
     causal_bias = torch.zeros(length, length, device=x.device).masked_fill_(~own, floor)  # (C - 1, C - 1)
-    split = groups * prompt_len
+    shape = _Shape(groups, prompt_len, rows, length, group_size, inverse)
+    masks = (cos, sin, prompt_self_bias, prompt_bias, causal_bias)
     for layer in backbone.layers:
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)[0]
-        q, k, v = (proj(h).view(h.size(0), -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (N, heads, D)
-        prompt_q, prompt_k, prompt_v = (
-            t[:split].view(groups, prompt_len, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
-        )  # (G, heads, P, D)
-        attended = [_prompt_attention(prompt_q, prompt_k, prompt_v, prompt_self_bias, attn.scaling)]
-        if length:
-            keys, values = prompt_k, prompt_v
-            if inverse is not None:  # index_select: its backward (index_add) is far faster than indexing's on CPU
-                keys, values = keys.index_select(0, inverse), values.index_select(0, inverse)
-            completion_q, completion_k, completion_v = (
-                t[split:].view(rows, length, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
-            )  # (B, heads, C - 1, D)
-            attended.append(
-                grouped_attention(
-                    completion_q,
-                    completion_k,
-                    completion_v,
-                    keys,
-                    values,
-                    prompt_bias,
-                    causal_bias,
-                    attn.scaling,
-                    group_size,
-                ).reshape(rows * length, -1)
-            )
-        x = x + attn.o_proj(torch.cat(attended))[None]
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if checkpointed(layer):  # the layer's own checkpoint function: the user's kwargs, offloading, every n layers
+            x = layer._gradient_checkpointing_func(_layer, layer, x, shape, *masks)
+        else:
+            x = _layer(layer, x, shape, *masks)
     x = backbone.norm(x)[0]
+    split = groups * prompt_len
     last = x[:split].view(groups, prompt_len, -1)[:, -1:]  # (G, 1, d): predicts each completion's first token
     last = last.repeat_interleave(group_size, 0) if inverse is None else last.index_select(0, inverse)
     return torch.cat([last, x[split:].view(rows, length, x.size(-1))], dim=1)
+
+
+class _Shape(NamedTuple):
+    groups: int
+    prompt_len: int
+    rows: int
+    length: int  # completion positions that predict a token
+    group_size: int
+    inverse: Tensor | None
+
+
+def checkpointed(layer) -> bool:
+    """Whether transformers' activation checkpointing recomputes `layer` in backward (training, with gradients)."""
+    return (
+        getattr(layer, "gradient_checkpointing", False) is True
+        and layer.training
+        and torch.is_grad_enabled()
+        and callable(getattr(layer, "_gradient_checkpointing_func", None))
+    )
+
+
+def _layer(layer, x, shape, cos, sin, prompt_self_bias, prompt_bias, causal_bias) -> Tensor:
+    """One decoder layer of `_one_pass` over `x` `(1, N, d)`."""
+    groups, prompt_len, rows, length, group_size, inverse = shape
+    split = groups * prompt_len
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)[0]
+    q, k, v = (proj(h).view(h.size(0), -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (N, heads, D)
+    prompt_q, prompt_k, prompt_v = (
+        t[:split].view(groups, prompt_len, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
+    )  # (G, heads, P, D)
+    attended = [_prompt_attention(prompt_q, prompt_k, prompt_v, prompt_self_bias, attn.scaling)]
+    if length:
+        keys, values = prompt_k, prompt_v
+        if inverse is not None:  # index_select: its backward (index_add) is far faster than indexing's on CPU
+            keys, values = keys.index_select(0, inverse), values.index_select(0, inverse)
+        completion_q, completion_k, completion_v = (
+            t[split:].view(rows, length, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)
+        )  # (B, heads, C - 1, D)
+        attended.append(
+            grouped_attention(
+                completion_q,
+                completion_k,
+                completion_v,
+                keys,
+                values,
+                prompt_bias,
+                causal_bias,
+                attn.scaling,
+                group_size,
+            ).reshape(rows * length, -1)
+        )
+    x = x + attn.o_proj(torch.cat(attended))[None]
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x
 
 
 def _prompt_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scaling: float) -> Tensor:

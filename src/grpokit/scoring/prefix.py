@@ -51,12 +51,15 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor | None) -> tuple[Tenso
 
 def shared_prefix_model(model) -> nn.Module | None:
     """The transformers causal LM to score `model` with shared prefixes, or None when only the plain pass is right:
-    a wrapped model (DDP, ...), prompt-learning PEFT, activation checkpointing in training mode (it drops the KV
-    cache), sharded parameters (ZeRO-3, FSDP2), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers
+    a wrapped model (DDP, ...), prompt-learning PEFT, activation checkpointing in training mode on a model that
+    `prefix_attention` cannot run (the model's own two passes need the KV cache that checkpointed layers drop),
+    sharded parameters (ZeRO-3, FSDP2), an LM head with its own forward (e.g. `cast_lm_head_to_fp32`), cache layers
     other than full attention, or logits that are not `lm_head(hidden state)` (checked numerically the first
     time)."""
     lm = _causal_lm(model)
-    if lm is None or _checkpointing(lm) or is_sharded(lm) or not _plain_cache(lm):
+    if lm is None or is_sharded(lm) or not _plain_cache(lm):
+        return None
+    if _checkpointing(lm) and not grouped_attention_model(lm):
         return None
     head = lm.get_output_embeddings()
     if type(head) is not nn.Linear or "forward" in head.__dict__:
@@ -151,8 +154,9 @@ def score_shared_prefix(
     # (A prompt with no real token, all padding, is left to the model's own handling of fully masked rows.)
     real_prompts = bool(attention_mask[:, :prompt_len].any(dim=1).all())
     if real_prompts and grouped_attention_model(lm) and fits(rows, groups, heads, logits_to_keep - 1, prompt_len):
+        # under activation checkpointing each checkpointed layer is recomputed in backward, as in the model's forward
         hidden = prefix_attention.hidden_states(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
-    elif _sharing_pays(groups, *input_ids.shape, prompt_len):
+    elif not _checkpointing(lm) and _sharing_pays(groups, *input_ids.shape, prompt_len):
         hidden = _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
     else:
         hidden = _hidden_states_every_row(lm.get_decoder(), input_ids, attention_mask, prompt_len)
