@@ -80,6 +80,7 @@ class Workload:
     vllm: bool = False  # generation by vLLM in colocate mode (head dim >= 32 for vLLM's CPU attention)
     real: bool = False  # SmolLM2-135M-Instruct (`grpokit.gguf.smollm2()`), its own tokenizer; prompts of random words
     bf16: bool = False  # `bf16=True` (mixed precision over float32 weights, as TRL users write it)
+    checkpointing: bool = False  # `gradient_checkpointing=True` on both sides
 
 
 WORKLOADS = {
@@ -92,6 +93,10 @@ WORKLOADS = {
     "real-long": Workload("real-long", prompt_tokens=128, vocab="real", real=True),
     "real-short-bf16": Workload("real-short-bf16", prompt_tokens=6, vocab="real", real=True, bf16=True),
     "real-long-bf16": Workload("real-long-bf16", prompt_tokens=128, vocab="real", real=True, bf16=True),
+    "real-short-gc": Workload("real-short-gc", prompt_tokens=6, vocab="real", real=True, checkpointing=True),
+    "real-short-bf16-gc": Workload(
+        "real-short-bf16-gc", prompt_tokens=6, vocab="real", real=True, bf16=True, checkpointing=True
+    ),
 }
 
 
@@ -204,7 +209,9 @@ def reward_distinct(completions, **kwargs):
     return [len(set(c)) / max(1, len(c)) for c in completions]
 
 
-def config_values(output_dir: str, max_steps: int, vllm: bool = False, bf16: bool = False) -> dict:
+def config_values(
+    output_dir: str, max_steps: int, vllm: bool = False, bf16: bool = False, checkpointing: bool = False
+) -> dict:
     """The GRPOConfig values both sides train with. With `vllm`, generation by a vLLM engine inside the training
     process (colocate mode; `min_tokens` is vLLM's name for `min_new_tokens`; the importance-sampling correction at
     its default, on)."""
@@ -224,7 +231,7 @@ def config_values(output_dir: str, max_steps: int, vllm: bool = False, bf16: boo
         save_strategy="no",
         use_cpu=True,
         bf16=bf16,
-        gradient_checkpointing=False,
+        gradient_checkpointing=checkpointing,
         seed=0,
         disable_tqdm=True,
         log_completions=False,
@@ -525,7 +532,9 @@ def train_worker(side: str, workload: Workload, model_dir: str, warmup: int, ste
     if side == "trl" and workload.vllm:
         patch_trl_engine(engine)
     with tempfile.TemporaryDirectory() as out:
-        values = config_values(out, warmup + steps, vllm=workload.vllm, bf16=workload.bf16)
+        values = config_values(
+            out, warmup + steps, vllm=workload.vllm, bf16=workload.bf16, checkpointing=workload.checkpointing
+        )
         start = time.perf_counter()
         trainer = make_trainer(side, model, tokenizer, dataset, values, timer, ablation)
         init_seconds = time.perf_counter() - start

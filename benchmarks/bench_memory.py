@@ -18,7 +18,8 @@ The floor: what a trainer that trains as TRL 1.16 does must hold at the worst mo
       can do without unless it recomputes matrix products: per token and layer the layer's input and the residual
       after attention (2 x hidden), q, k and v after rotary embedding, attention's output (2 x hidden + 2 x the
       key/value width) and the MLP's gate and up products (2 x intermediate), in the compute dtype (4 bytes; 2 under
-      `bf16=True`), for grpokit's tokens (each group's prompt once, then every completion).
+      `bf16=True`), for grpokit's tokens (each group's prompt once, then every completion); under
+      `gradient_checkpointing=True` each layer's input, and those values for one layer at a time.
 Gradients are set to None between steps (transformers' `zero_grad`), so they are not held while the activations are.
 """
 
@@ -51,7 +52,9 @@ def floor_mb(workload: bench_grpo.Workload, config: dict, process_mb: float) -> 
     groups = bench_grpo.COMPLETIONS_PER_STEP // bench_grpo.NUM_GENERATIONS
     tokens = groups * workload.prompt_tokens + bench_grpo.COMPLETIONS_PER_STEP * bench_grpo.COMPLETION_LENGTH
     per_token_layer = 2 * d + (q + 2 * kv) + q + 2 * ff
-    activations = tokens * layers * per_token_layer * (2 if workload.bf16 else 4)
+    # activation checkpointing: each layer's input, then one layer recomputed at a time
+    kept = d * layers + per_token_layer if workload.checkpointing else per_token_layer * layers
+    activations = tokens * kept * (2 if workload.bf16 else 4)
     parts = {
         "process": process_mb,
         "weights": 4 * params / MB,

@@ -48,3 +48,12 @@ def test_floor_takes_the_larger_of_gradients_and_backward_start():
     assert floor["total"] == pytest.approx(100 + (4 + 8) * params / MB + (301824 + 1024) / MB)
     bf16 = bench_memory.floor_mb(bench_memory.bench_grpo.WORKLOADS["real-short-bf16"], CONFIG, process_mb=100.0)
     assert bf16["activations"] == pytest.approx(floor["activations"] / 2)
+
+
+def test_floor_under_activation_checkpointing_keeps_each_layer_input_and_one_layer():
+    workload = bench_memory.bench_grpo.WORKLOADS["real-short-gc"]
+    floor = bench_memory.floor_mb(workload, CONFIG, process_mb=100.0)
+    # 524 tokens x (2 layer inputs of 8 + one layer's 72 values) = 524 x 88 values of 4 bytes
+    assert floor["activations"] == pytest.approx(524 * 88 * 4 / MB)
+    bf16 = bench_memory.floor_mb(bench_memory.bench_grpo.WORKLOADS["real-short-bf16-gc"], CONFIG, process_mb=100.0)
+    assert bf16["activations"] == pytest.approx(524 * 88 * 2 / MB)

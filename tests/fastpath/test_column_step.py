@@ -160,6 +160,18 @@ def test_the_models_own_forward_for_what_the_step_does_not_follow(tiny_tokenizer
     assert isinstance(decoding.decode_step(lora), decoding._ModelDecodeStep)
 
 
+def test_the_step_under_activation_checkpointing(tiny_tokenizer):
+    """Activation checkpointing hooks the embedding (`enable_input_require_grads`): the step still follows the model,
+    whose generation runs without gradients; any other hook there still sends the model to its own forward."""
+    model = build_model(tiny_tokenizer)
+    model.enable_input_require_grads()  # what `gradient_checkpointing_enable` and PEFT with it add
+    assert column.unsupported_reason(model) is None
+    assert isinstance(decoding.decode_step(model), decoding._ColumnDecodeStep)
+    hook = model.model.embed_tokens.register_forward_hook(lambda *args: None)
+    assert "hook or patched forward on Embedding" in column.unsupported_reason(model)
+    hook.remove()
+
+
 def test_under_bf16_autocast_the_step_reads_bf16_weights_and_follows_the_wrapped_forward(
     tiny_tokenizer, monkeypatch, bf16_accelerator
 ):

@@ -77,8 +77,21 @@ def unsupported_reason(model) -> str | None:
     modules = model.modules()
     if _autocast_forward(model):  # accelerate's mixed-precision wrapper: the step runs under the same autocast
         next(modules)
-    module = hooked(modules)
+    module = hooked(m for m in modules if not (m is model.model.embed_tokens and _input_grads_hook_only(m)))
     return f"a hook or patched forward on {module}" if module else None
+
+
+def _input_grads_hook_only(embedding: nn.Module) -> bool:
+    """Whether the only hook on `embedding` is transformers' `enable_input_require_grads` one, which activation
+    checkpointing (and PEFT with it) adds so that the embedding's output requires grad. A decode step runs without
+    gradients, where that hook changes nothing."""
+    hooks = list(embedding._forward_hooks.values())
+    return (
+        bool(hooks)
+        and all(getattr(hook, "__name__", None) == "make_inputs_require_grads" for hook in hooks)
+        and not embedding._forward_pre_hooks
+        and "forward" not in embedding.__dict__
+    )
 
 
 def _autocast_forward(model) -> bool:
