@@ -93,7 +93,7 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
     shape = _Shape(groups, prompt_len, rows, length, group_size, inverse)
     masks = (cos, sin, prompt_self_bias, prompt_bias, causal_bias)
     for layer in backbone.layers:
-        if checkpointed(layer):  # the layer's own checkpoint function: the user's kwargs, offloading, every n layers
+        if _checkpointed(layer):  # the layer's own checkpoint function: the user's kwargs, offloading, every n layers
             x = layer._gradient_checkpointing_func(_layer, layer, x, shape, *masks)
         else:
             x = _layer(layer, x, shape, *masks)
@@ -113,7 +113,7 @@ class _Shape(NamedTuple):
     inverse: Tensor | None
 
 
-def checkpointed(layer) -> bool:
+def _checkpointed(layer) -> bool:
     """Whether transformers' activation checkpointing recomputes `layer` in backward (training, with gradients)."""
     return (
         getattr(layer, "gradient_checkpointing", False) is True
