@@ -63,6 +63,7 @@ def linear_token_logps(
     entropy: str = "none",
     logits_per_chunk: int = LOGITS_PER_CHUNK,
     truncation: Truncation | None = None,
+    tied=None,
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logps_and_entropy` of the logits `hidden @ weight.T + bias`, without ever holding them all.
 
@@ -78,6 +79,9 @@ def linear_token_logps(
         entropy: "none" (not computed), "detached" (computed, without gradient: for logging and masks) or "grad".
         truncation: as in `token_logps_and_entropy`; the kept set's threshold per row is computed in the forward pass
             and reused by the backward pass, which recomputes the logits but not the filters.
+        tied: None, or for a weight tied to the input embedding an object whose `hand_over(grad)` backward calls with
+            the weight's gradient instead of returning it (`grpokit.scoring.tied`: the embedding's backward then adds
+            its rows to it, and the weight receives the sum).
 
     Returns:
         `logps` `(N,)` float32 with gradient, and `entropies` `(N,)` float32 or None.
@@ -86,7 +90,9 @@ def linear_token_logps(
         raise ValueError(f"entropy={entropy!r}: expected one of {ENTROPY_MODES}")
     rows = max(1, logits_per_chunk // weight.size(0))
     truncation = truncation if truncation is not None and truncation.active else None
-    logps, entropies = _LinearLogSoftmax.apply(hidden, weight, bias, labels, temperature, entropy, rows, truncation)
+    logps, entropies = _LinearLogSoftmax.apply(
+        hidden, weight, bias, labels, temperature, entropy, rows, truncation, tied
+    )
     return logps, (None if entropy == "none" else entropies)
 
 
@@ -106,7 +112,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
     recomputed logits -> d(loss)/d(logits) -> gradients of `hidden`, `weight` and `bias`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, entropy, rows, truncation):
+    def forward(ctx, hidden, weight, bias, labels, temperature, entropy, rows, truncation, tied):
         ctx.set_materialize_grads(False)
         n = hidden.size(0)
         logps = hidden.new_empty(n, dtype=torch.float32)
@@ -127,7 +133,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 entropies[chunk] = _entropy(log_probs)
             del logits, log_probs
         ctx.save_for_backward(hidden, weight, bias, labels, log_norms, entropies, thresholds)
-        ctx.temperature, ctx.rows, ctx.truncation = temperature, rows, truncation
+        ctx.temperature, ctx.rows, ctx.truncation, ctx.tied = temperature, rows, truncation, tied
         device = hidden.device.type  # the backward pass recomputes the logits under the same autocast state
         ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         if entropy != "grad":
@@ -166,7 +172,10 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 grad_bias += grad_logits.sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        if grad_weight is not None and ctx.tied is not None:
+            ctx.tied.hand_over(grad_weight)  # the tied embedding's backward adds its rows and returns the sum
+            grad_weight = None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _entropy(log_probs: Tensor) -> Tensor:

@@ -77,11 +77,11 @@ def unsupported_reason(model) -> str | None:
     modules = model.modules()
     if _autocast_forward(model):  # accelerate's mixed-precision wrapper: the step runs under the same autocast
         next(modules)
-    module = hooked(m for m in modules if not (m is model.model.embed_tokens and _input_grads_hook_only(m)))
+    module = hooked(m for m in modules if not (m is model.model.embed_tokens and input_grads_hook_only(m)))
     return f"a hook or patched forward on {module}" if module else None
 
 
-def _input_grads_hook_only(embedding: nn.Module) -> bool:
+def input_grads_hook_only(embedding: nn.Module) -> bool:
     """Whether the only hook on `embedding` is transformers' `enable_input_require_grads` one, which activation
     checkpointing (and PEFT with it) adds so that the embedding's output requires grad. A decode step runs without
     gradients, where that hook changes nothing."""

@@ -44,10 +44,13 @@ def fits(rows: int, groups: int, heads: int, completion_len: int, prompt_len: in
     return heads * (completion + groups * prompt_len * prompt_len) <= SCORES_BUDGET
 
 
-def hidden_states(lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, unique_index, inverse) -> Tensor:
+def hidden_states(
+    lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, unique_index, inverse, tied=None
+) -> Tensor:
     """`(B, C, d)` last hidden states (after the final norm) at the positions that predict the C completion tokens of
     `input_ids` `(B, P + C)`: the last prompt position, then the completion's first C - 1. Prompt `unique_index[g]`
-    runs once; row b continues prompt `inverse[b]`."""
+    runs once; row b continues prompt `inverse[b]`. `tied`: None, or a `grpokit.scoring.tied.TiedWeight` whose
+    `embed` runs the embedding."""
     rows, groups = input_ids.size(0), unique_index.numel()
     counts = torch.bincount(inverse, minlength=groups)
     if bool((counts == counts[0]).all()):  # whole groups: sort the rows into group order
@@ -55,13 +58,13 @@ def hidden_states(lm, input_ids: Tensor, attention_mask: Tensor, prompt_len: int
         in_order = bool(torch.equal(order, torch.arange(rows, device=order.device)))
         unique_index = order[:: rows // groups]  # each group's first row, groups in order
         hidden = _one_pass(
-            lm, input_ids if in_order else input_ids[order], attention_mask, prompt_len, unique_index, None
+            lm, input_ids if in_order else input_ids[order], attention_mask, prompt_len, unique_index, None, tied
         )
         return hidden if in_order else hidden.index_select(0, torch.argsort(order))
-    return _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
+    return _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse, tied)
 
 
-def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) -> Tensor:
+def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse, tied) -> Tensor:
     """`hidden_states` for rows in whole groups, in order (`inverse` None; `unique_index` then indexes the original
     rows, `attention_mask` too), or for any rows, each its own group for attention (`inverse` maps rows to prompts,
     whose keys and values are then copied to the rows)."""
@@ -73,7 +76,7 @@ def _one_pass(lm, input_ids, attention_mask, prompt_len, unique_index, inverse) 
     prompt_mask = attention_mask[unique_index, :prompt_len]  # (G, P)
     completion_ids = input_ids[:, prompt_len:-1]  # (B, C - 1)
     tokens = torch.cat([prompt_ids.reshape(-1), completion_ids.reshape(-1)])  # (G P + B (C - 1),)
-    x = backbone.embed_tokens(tokens)[None]  # (1, N, d)
+    x = (backbone.embed_tokens(tokens) if tied is None else tied.embed(tokens))[None]  # (1, N, d)
     positions = torch.cat(
         [torch.arange(prompt_len).repeat(groups), torch.arange(prompt_len, prompt_len + length).repeat(rows)]
     ).to(x.device)

@@ -28,6 +28,7 @@ from grpokit.algorithms.logprobs import linear_token_logps
 from grpokit.fastpath import prefix_attention
 from grpokit.fastpath.kv_cache import cache_kwarg
 from grpokit.fastpath.prefix_attention import fits, grouped_attention_model
+from grpokit.scoring.tied import tied_weight
 from grpokit.sharding import is_sharded
 
 logger = logging.getLogger(__name__)
@@ -153,9 +154,11 @@ def score_shared_prefix(
     heads, rows, groups = lm.config.num_attention_heads, input_ids.size(0), len(unique_index)
     # (A prompt with no real token, all padding, is left to the model's own handling of fully masked rows.)
     real_prompts = bool(attention_mask[:, :prompt_len].any(dim=1).all())
+    tied = None
     if real_prompts and grouped_attention_model(lm) and fits(rows, groups, heads, logits_to_keep - 1, prompt_len):
         # under activation checkpointing each checkpointed layer is recomputed in backward, as in the model's forward
-        hidden = prefix_attention.hidden_states(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
+        tied = tied_weight(lm)  # the tied weight's two gradients summed in one tensor (the one pass embeds)
+        hidden = prefix_attention.hidden_states(lm, input_ids, attention_mask, prompt_len, unique_index, inverse, tied)
     elif not _checkpointing(lm) and _sharing_pays(groups, *input_ids.shape, prompt_len):
         hidden = _hidden_states_shared(lm, input_ids, attention_mask, prompt_len, unique_index, inverse)
     else:
@@ -164,7 +167,14 @@ def score_shared_prefix(
     head = lm.get_output_embeddings()
     labels = input_ids[:, prompt_len:][active]
     logps, entropies = linear_token_logps(
-        hidden[active], head.weight, head.bias, labels, temperature=temperature, entropy=entropy, truncation=truncation
+        hidden[active],
+        head.weight,
+        head.bias,
+        labels,
+        temperature=temperature,
+        entropy=entropy,
+        truncation=truncation,
+        tied=tied,
     )
     return _scatter(logps, active), None if entropies is None else _scatter(entropies, active)
 
