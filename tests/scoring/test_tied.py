@@ -3,12 +3,11 @@ once by the weight; the embedding module as usual wherever that would not hold."
 
 import pytest
 import torch
+from test_prefix import grpo_batch, scores_and_grads
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpokit.scoring.tied import TiedWeight, tied_weight
-
-from test_prefix import grpo_batch, scores_and_grads
 
 
 def test_the_embeddings_rows_added_to_the_handed_over_gradient_by_hand():
