@@ -28,6 +28,9 @@ def test_the_embeddings_rows_added_to_the_handed_over_gradient_by_hand():
     assert handed.tolist() == embedding.weight.grad.tolist()  # added into in place (the weight's is a copy: the
     # test holds `handed`, so AccumulateGrad cannot take it)
     assert tied.take() is None
+    tied.hand_over(torch.ones(4, 2))
+    tied.hand_over(torch.ones(4, 2))  # two LM heads on one embedding: both count
+    assert tied.take().tolist() == [[2, 2]] * 4
 
 
 class _NewTensorsOfShape(TorchDispatchMode):

@@ -31,8 +31,12 @@ class TiedWeight:
         return _Embedding.apply(tokens, self.embedding.weight, self)
 
     def hand_over(self, grad: Tensor) -> None:
-        """Called by the LM head's backward with its `(V, d)` gradient of the weight (a tensor nothing else holds)."""
-        self._pending = grad
+        """Called by the LM head's backward with its `(V, d)` gradient of the weight (a tensor nothing else holds);
+        a second one before the embedding's backward takes them is added to the first."""
+        if self._pending is None:
+            self._pending = grad
+        else:
+            self._pending += grad
 
     def take(self) -> Tensor | None:
         grad, self._pending = self._pending, None
