@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from grpokit.fastpath.column_step import input_grads_hook_only
+from grpokit.fastpath.column_step import hooked, input_grads_hook_only
 
 
 class TiedWeight:
@@ -54,12 +54,11 @@ def tied_weight(lm) -> TiedWeight | None:
         return None
     weight = embedding.weight
     plain = type(weight) is nn.Parameter and type(weight.data) is torch.Tensor  # not a DTensor or other subclass
-    if not plain or not weight.requires_grad or weight.is_sparse:
+    if not plain or not weight.requires_grad:
         return None
     if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
         return None
-    hooks = embedding._forward_hooks or embedding._forward_pre_hooks or "forward" in embedding.__dict__
-    if hooks and not input_grads_hook_only(embedding):
+    if hooked([embedding]) and not input_grads_hook_only(embedding):
         return None
     return TiedWeight(embedding)
 
