@@ -474,7 +474,7 @@ class Engine:
         raise UserError("stop must be a string, a list of strings or a list of token ids")
 
     def _generate(self, model, rows, max_tokens, temperature, top_k, top_p, stop_ids, stop_strings, seed):
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
         from grpokit.generation.decoding import Unsupported, shared_prefix_decoding
 
@@ -490,11 +490,14 @@ class Engine:
             top_p=top_p if temperature > 0 and top_p < 1 else None,
             eos_token_id=stop_ids or None,
             pad_token_id=pad,
-            stop_strings=stop_strings or None,
         )
         ids = torch.tensor(rows, device=self.device)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        extra = {"tokenizer": self.tokenizer} if stop_strings else {}
+        # Stop strings as a criterion of ours: generate() drops its `tokenizer` argument with a callable
+        # custom_generate, and its own stop_strings need it.
+        extra = {}
+        if stop_strings:
+            extra["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             if seed is not None:
                 torch.manual_seed(seed)
