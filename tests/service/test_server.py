@@ -84,6 +84,9 @@ def test_sampled_logprobs_equal_the_learners_and_sampling_follows_its_params(ser
     assert len(result.sequences) == 3 and len({s.sequence_id for s in result.sequences}) == 3
     again = sampler.sample(prompt, 3, params).result(timeout=T)
     assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # the seed fixes the draw
+    unseeded = types.SamplingParams(max_tokens=6, temperature=1.0, stop=[])
+    draws = [[s.tokens for s in sampler.sample(prompt, 3, unseeded).result(timeout=T).sequences] for _ in range(2)]
+    assert draws[0] != draws[1]  # without a seed, each request draws anew
     for seq in result.sequences:
         assert len(seq.tokens) == 6 and seq.stop_reason == "length"
         full = TOKENS[:4] + seq.tokens
@@ -92,7 +95,9 @@ def test_sampled_logprobs_equal_the_learners_and_sampling_follows_its_params(ser
         torch.testing.assert_close(torch.tensor(seq.logprobs), learner.to_torch()[3:], rtol=0, atol=1e-5)
     # A stop token ends the sample with it, as "stop" (same seed: the same draws up to there).
     tokens = sampler.sample(prompt, 1, params).result(timeout=T).sequences[0].tokens
-    cut = max(i for i in range(6) if tokens[i] not in tokens[:i])  # the last token that first appears there
+    eos = set(served.engine.tokenizer.all_special_ids)
+    end = next((i for i, t in enumerate(tokens) if t in eos), 6)  # EOS stops too: cut before any
+    cut = max(i for i in range(end) if tokens[i] not in tokens[:i])  # the last token that first appears there
     stop = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7, stop=[tokens[cut]])
     seq = sampler.sample(prompt, 1, stop).result(timeout=T).sequences[0]
     assert seq.stop_reason == "stop" and seq.tokens == tokens[: cut + 1]

@@ -460,17 +460,22 @@ class Engine:
             )
 
     def _stops(self, stop) -> tuple[list[int], list[str]]:
+        """The stop token ids and strings: EOS, plus the request's own strings or ids (as vLLM adds them); an empty
+        list means no stop at all, EOS included (the SDK's documented meaning)."""
         from grpokit.models import eos_token_ids
 
+        eos = eos_token_ids(self.model, self.tokenizer)
         if stop is None:
-            return eos_token_ids(self.model, self.tokenizer), []
+            return eos, []
         if isinstance(stop, str):
-            return [], [stop]
+            return eos, [stop]
         stop = list(stop)
+        if not stop:
+            return [], []
         if all(isinstance(s, int) for s in stop):
-            return [int(s) for s in stop], []
+            return eos + [int(s) for s in stop if int(s) not in eos], []
         if all(isinstance(s, str) for s in stop):
-            return [], [str(s) for s in stop]
+            return eos, [str(s) for s in stop]
         raise UserError("stop must be a string, a list of strings or a list of token ids")
 
     def _generate(self, model, rows, max_tokens, temperature, top_k, top_p, stop_ids, stop_strings, seed):
@@ -498,7 +503,10 @@ class Engine:
         extra = {}
         if stop_strings:
             extra["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        # A seeded request draws from its own generator state and leaves the global one as it was; an unseeded one
+        # draws from (and advances) the global state, so two unseeded requests differ.
+        seeded = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        with seeded if seed is not None else contextlib.nullcontext():
             if seed is not None:
                 torch.manual_seed(seed)
             try:
