@@ -209,6 +209,7 @@ MAY_IMPORT = {
         "grpokit.sharding",
         "grpokit.vision",
     },
+    "grpokit.service": {"grpokit.algorithms", "grpokit.generation", "grpokit.models", "grpokit.gguf"},
     "grpokit.records": {"grpokit.config", "grpokit.data"},
     "grpokit.startup": {"grpokit.config", "grpokit.launch", "grpokit.vision"},
     "grpokit.trl_compat": {
