@@ -20,7 +20,7 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf "127.0.0.1:$PORT/api/v1/healthz" >/dev/null && break; sleep 1; done
 .venv-tinker/bin/python -m tinker_cookbook.recipes.math_rl.train model_name="$MODEL" base_url="http://127.0.0.1:$PORT" \
-  renderer_name=role_colon loss_fn=importance_sampling groups_per_batch=8 group_size=4 max_tokens=8 \
+  renderer_name=role_colon loss_fn=importance_sampling groups_per_batch=4 group_size=8 max_tokens=8 \
   lora_rank=16 learning_rate=5e-4 max_steps="$STEPS" eval_every=0 save_every=10 log_path="$OUT/run" \
   behavior_if_log_dir_exists=delete > "$OUT/recipe.log" 2>&1
 .venv/bin/python - "$OUT/run/metrics.jsonl" <<'PY'

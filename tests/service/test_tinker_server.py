@@ -214,3 +214,21 @@ def test_mismatched_lengths_and_unknown_paths_are_named(service_client, served):
         service_client.create_sampling_client(model_path="tinker://nobody:train:0/sampler_weights/none").result(
             timeout=T
         )
+
+
+def test_off_loopback_needs_a_key_and_a_wrong_key_is_refused(served):
+    import tinker
+    from conftest import Server
+
+    from grpokit.service import serve
+
+    with pytest.raises(ValueError, match="set an API key"):
+        serve("any-model", host="0.0.0.0")
+    keyed = Server(served.engine, api_key="tml-secret")
+    try:
+        with pytest.raises(tinker.AuthenticationError, match="invalid or missing API key"):
+            tinker.ServiceClient(base_url=keyed.url, api_key="tml-wrong").get_server_capabilities()
+        good = tinker.ServiceClient(base_url=keyed.url, api_key="tml-secret").get_server_capabilities()
+        assert [m.model_name for m in good.supported_models] == [served.engine.name]
+    finally:
+        keyed.stop()

@@ -44,7 +44,7 @@ def main(argv) -> int:
             state_dir=args.state_dir,
             log_level=args.log_level,
         )
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # a bad MODEL (not found, unreachable hub), a host without a key, a busy port
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
