@@ -125,6 +125,7 @@ def test_greedy_sampling_from_the_base_model_picks_the_argmax(service_client, se
 
 
 def test_saved_state_and_sampler_weights_reload(service_client, served, tmp_path):
+    import tinker
     from tinker import types
 
     from grpokit.service.engine import Engine
@@ -136,6 +137,8 @@ def test_saved_state_and_sampler_weights_reload(service_client, served, tmp_path
     state = tc.save_state("step1").result(timeout=T).path
     sampler_path = tc.save_weights_for_sampler("step1").result(timeout=T).path
     assert state.endswith("/weights/step1") and sampler_path.endswith("/sampler_weights/step1")
+    with pytest.raises(tinker.RequestFailedError, match="exists already; save under another name"):
+        tc.save_state("step1").result(timeout=T)  # the SDK's overwrite=False: the first save stays
     trained = tc.forward(data, "cross_entropy").result(timeout=T).metrics["loss:sum"]
 
     plain = service_client.create_training_client_from_state(state).result(timeout=T)
@@ -232,3 +235,10 @@ def test_off_loopback_needs_a_key_and_a_wrong_key_is_refused(served):
         assert [m.model_name for m in good.supported_models] == [served.engine.name]
     finally:
         keyed.stop()
+
+
+def test_sdk_versions_outside_the_tested_range_are_warned_about():
+    from grpokit.service.app import _tested_sdk
+
+    assert _tested_sdk("0.34.0") and _tested_sdk("0.38.0") and _tested_sdk(None)
+    assert not _tested_sdk("0.24.1") and not _tested_sdk("0.39.0")

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import wire
+from . import SUPPORTED_SDK, wire
 from .engine import Engine, LoraSpec, UserError
 from .losses import LossInputError
 
@@ -47,7 +47,7 @@ class TinkerService:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpokit-engine")
-        self.sessions: dict[str, float] = {}  # session id -> last heartbeat (time.monotonic)
+        self.sessions: set[str] = set()
         self.samplers: dict[str, str | None] = {}  # sampling session id -> sampler path (None: the base model)
         self.sampler_clients: dict[str, itertools.count] = {}
         self.futures: dict[str, _Future] = {}
@@ -72,6 +72,12 @@ class TinkerService:
             raise UserError(f"base_model {base_model!r} is not served here; this server serves {self.engine.source!r}")
 
 
+def _tested_sdk(version: str | None) -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    return version is None or SpecifierSet(SUPPORTED_SDK).contains(version, prereleases=True)
+
+
 def _failure(error: BaseException) -> dict:
     if isinstance(error, (UserError, LossInputError)):
         return {"error": str(error), "category": "user"}
@@ -86,7 +92,6 @@ def build_app(engine: Engine, *, api_key: str | None = None):
 
     service = TinkerService(engine)
     app = FastAPI(title="grpokit Tinker server", docs_url=None, redoc_url=None)
-    app.state.service = service
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
@@ -146,21 +151,25 @@ def build_app(engine: Engine, *, api_key: str | None = None):
 
     @app.post(f"{API}/create_session")
     async def create_session(request: Request):
-        await parse(request, types.CreateSessionRequest)
+        body = await parse(request, types.CreateSessionRequest)
         session_id = f"session-{uuid.uuid4().hex[:12]}"
-        service.sessions[session_id] = time.monotonic()
-        return {
+        service.sessions.add(session_id)
+        answer = {
             "type": "create_session",
             "session_id": session_id,
-            "info_message": f"grpokit serves {engine.source} here",
+            "info_message": f"grpokit serves {engine.source}",
         }
+        if not _tested_sdk(body.sdk_version):
+            answer["warning_message"] = (
+                f"tinker SDK {body.sdk_version} is outside the versions grpokit's server is tested with ({SUPPORTED_SDK})"
+            )
+        return answer
 
     @app.post(f"{API}/session_heartbeat")
     async def heartbeat(request: Request):
         body = await parse(request, types.SessionHeartbeatRequest)
         if body.session_id not in service.sessions:
             raise UserError(f"unknown session {body.session_id!r}")
-        service.sessions[body.session_id] = time.monotonic()
         return {"type": "session_heartbeat"}
 
     # -- training clients ---------------------------------------------------------------------------------------------
@@ -212,7 +221,7 @@ def build_app(engine: Engine, *, api_key: str | None = None):
             body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
         if "protobuf" not in request.headers.get("content-type", ""):
             raise UserError("forward_backward takes a protobuf body (tinker SDK 0.25 or newer)")
-        model_id, _, loss_fn, config, forward_only, data = wire.forward_backward_request(body)
+        model_id, loss_fn, config, forward_only, data = wire.forward_backward_request(body)
 
         def run():
             logps, metrics = engine.forward_backward(model_id, data, loss_fn, config, backward=not forward_only)
@@ -248,7 +257,8 @@ def build_app(engine: Engine, *, api_key: str | None = None):
         name = body.path or f"step-{uuid.uuid4().hex[:8]}"
 
         def run():
-            return {"type": "save_weights", "path": engine.save(body.model_id, name, kind="weights")}
+            path = engine.save(body.model_id, name, kind="weights", overwrite=body.overwrite)
+            return {"type": "save_weights", "path": path}
 
         return {"request_id": service.submit(run), "model_id": body.model_id}
 
@@ -279,6 +289,8 @@ def build_app(engine: Engine, *, api_key: str | None = None):
         def run():
             if create:
                 service.model_name_check(body.base_model)
+            if body.optimizer_config is not None and body.optimizer_config.type != "adamw":
+                raise UserError(f"optimizer {body.optimizer_config.type!r} is not served; use adamw")
             engine.load(model_id, body.path, with_optimizer=body.optimizer, create=create)
             return {"type": "load_weights", "path": body.path, "model_id": model_id}
 

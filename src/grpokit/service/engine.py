@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -26,8 +25,9 @@ import torch
 from torch import Tensor
 
 from grpokit.algorithms.logprobs import token_logps_and_entropy
+from grpokit.generation.tokens import pad
 
-from .losses import LossInputError, tinker_loss
+from .losses import LossInputError, check, tinker_loss
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,6 @@ class Engine:
         self.snapshots: dict[str, tuple[LoraSpec, dict[str, Tensor]]] = {}  # sampler path -> adapter weights
         self._slots: OrderedDict[str, str] = OrderedDict()  # sampler path -> adapter name, most recent last
         self._adapter_count = 0
-        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------------------------------------
     # Names
@@ -181,11 +180,6 @@ class Engine:
             raise UserError(f"unknown model_id {model_id!r}: create it first (create_lora_training_client)")
         return self.trained[model_id]
 
-    def unload(self, model_id: str) -> None:
-        trained = self._get(model_id)
-        self.peft.delete_adapter(trained.adapter)
-        del self.trained[model_id]
-
     # ----------------------------------------------------------------------------------------------------------------
     # forward / forward_backward / optim_step
     # ----------------------------------------------------------------------------------------------------------------
@@ -216,7 +210,7 @@ class Engine:
             if "target_tokens" in datum.inputs:
                 self.check_tokens(datum.inputs["target_tokens"].tolist(), f"datum {i}'s target_tokens")
             try:
-                tinker_loss_check(loss_fn, set(datum.inputs), config)
+                check(loss_fn, set(datum.inputs), config)
             except LossInputError as e:
                 raise UserError(f"datum {i}: {e}") from None
         self.peft.set_adapter(trained.adapter)
@@ -239,20 +233,18 @@ class Engine:
             logps_out.extend(lp.detach().float().cpu() for lp in logps)
         return logps_out, {"loss:sum": total}
 
+    def _logits(self, model, rows: Sequence[Sequence[int]]) -> Tensor:
+        """`(B, T, V)` logits of the right-padded rows (padding masked out)."""
+        ids = pad(rows, value=0, side="right").to(self.device)
+        mask = pad([[1] * len(r) for r in rows], value=0, side="right").to(self.device)
+        return model(input_ids=ids, attention_mask=mask).logits
+
     def _logps(self, rows: Sequence[Sequence[int]], targets: Sequence[Tensor]) -> list[Tensor]:
         """Log-probabilities (temperature 1, float32) of `targets[i][t]` after `rows[i][: t + 1]`: one forward pass
         over the right-padded rows under the active adapter."""
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        labels = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, (row, target) in enumerate(zip(rows, targets, strict=True)):
-            ids[i, : len(row)] = torch.as_tensor(row)
-            mask[i, : len(row)] = 1
-            labels[i, : len(row)] = target.long()
-        model = self.peft if self.peft is not None else self.model
-        logits = model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-        logps, _ = token_logps_and_entropy(logits, labels.to(self.device), compute_entropy=False)
+        labels = pad([t.tolist() for t in targets], value=0, side="right").to(self.device)
+        logits = self._logits(self.peft if self.peft is not None else self.model, rows)
+        logps, _ = token_logps_and_entropy(logits, labels, compute_entropy=False)
         return [logps[i, : len(row)] for i, row in enumerate(rows)]
 
     def optim_step(
@@ -270,18 +262,12 @@ class Engine:
             trained.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         for group in trained.optimizer.param_groups:
             group.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = (
-            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-            if grads
-            else 0.0
-        )
-        if grad_clip_norm > 0 and grads:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip_norm)
+        # The global norm before clipping (clip_grad_norm_ measures it; an infinite bound clips nothing).
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip_norm if grad_clip_norm > 0 else math.inf)
         trained.optimizer.step()
         trained.optimizer.zero_grad(set_to_none=True)
         trained.steps += 1
-        return {"grad_norm:mean": norm}
+        return {"grad_norm:mean": float(norm)}
 
     # ----------------------------------------------------------------------------------------------------------------
     # Checkpoints: tinker://<model_id>/weights/<name> (adapter + optimizer), .../sampler_weights/<name> (adapter)
@@ -301,8 +287,9 @@ class Engine:
     def _adapter_state(self, adapter: str) -> dict[str, Tensor]:
         return {n: p.detach().float().cpu().clone() for n, p in self.peft.named_parameters() if f".{adapter}." in n}
 
-    def save(self, model_id: str, name: str, *, kind: str) -> str:
-        """Write the adapter (and with kind "weights" the optimizer) under a tinker:// path; return the path."""
+    def save(self, model_id: str, name: str, *, kind: str, overwrite: bool = True) -> str:
+        """Write the adapter (and with kind "weights" the optimizer) under a tinker:// path; return the path. An
+        existing checkpoint of that name is replaced only with `overwrite`."""
         from safetensors.torch import save_file
 
         trained = self._get(model_id)
@@ -310,6 +297,8 @@ class Engine:
             raise UserError(f"checkpoint name {name!r} must be a plain non-empty name")
         path = f"tinker://{model_id}/{kind}/{name}"
         folder = self._folder(path)
+        if not overwrite and os.path.isfile(os.path.join(folder, "meta.json")):
+            raise UserError(f"{path} exists already; save under another name, or pass overwrite=True")
         os.makedirs(folder, exist_ok=True)
         state = _strip(self._adapter_state(trained.adapter), trained.adapter)
         tmp = os.path.join(folder, ".adapter.tmp")
@@ -317,11 +306,7 @@ class Engine:
         os.replace(tmp, os.path.join(folder, "adapter.safetensors"))
         meta = {"spec": dataclasses.asdict(trained.spec), "base_model": self.name, "steps": trained.steps}
         if kind == "weights" and trained.optimizer is not None:
-            names = [n for n, p in self.peft.named_parameters() if f".{trained.adapter}." in n]
-            torch.save(
-                {"names": [_strip_name(n, trained.adapter) for n in names], "state": trained.optimizer.state_dict()},
-                os.path.join(folder, ".optimizer.tmp"),
-            )
+            torch.save(trained.optimizer.state_dict(), os.path.join(folder, ".optimizer.tmp"))
             os.replace(os.path.join(folder, ".optimizer.tmp"), os.path.join(folder, "optimizer.pt"))
         with open(os.path.join(folder, ".meta.tmp"), "w") as f:
             json.dump(meta, f)
@@ -358,6 +343,14 @@ class Engine:
         spec = LoraSpec(**meta["spec"])
         if create:
             self.create_model(model_id, spec)
+        try:
+            self._load_into(model_id, path, spec, meta, state, folder, with_optimizer)
+        except Exception:
+            if create:  # the client never gets this model id: leave no half-loaded adapter behind
+                self.peft.delete_adapter(self.trained.pop(model_id).adapter)
+            raise
+
+    def _load_into(self, model_id, path, spec, meta, state, folder, with_optimizer) -> None:
         trained = self._get(model_id)
         if trained.spec.rank != spec.rank:
             raise UserError(f"{path} has LoRA rank {spec.rank}; model {model_id} has rank {trained.spec.rank}")
@@ -367,10 +360,8 @@ class Engine:
         if with_optimizer:
             if not os.path.isfile(optimizer_file):
                 raise UserError(f"{path} holds no optimizer state (saved with save_weights_for_sampler?)")
-            saved = torch.load(optimizer_file, weights_only=True)
-            params = self._adapter_params(trained.adapter)
-            trained.optimizer = torch.optim.AdamW(params)
-            trained.optimizer.load_state_dict(saved["state"])
+            trained.optimizer = torch.optim.AdamW(self._adapter_params(trained.adapter))
+            trained.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=True))
         trained.steps = int(meta.get("steps", 0))
 
     def _copy_into(self, adapter: str, state: Mapping[str, Tensor]) -> None:
@@ -398,7 +389,8 @@ class Engine:
             if self.peft is None:
                 return self.model, None
             return self.peft, self.peft.disable_adapter()
-        spec, state = self.snapshots.get(path) or (self.sampler_spec(path), self.snapshots[path][1])
+        self.sampler_spec(path)  # read from disk when not in memory
+        spec, state = self.snapshots[path]
         if path in self._slots:
             self._slots.move_to_end(path)
             adapter = self._slots[path]
@@ -452,7 +444,6 @@ class Engine:
                 outs,
                 stop_ids,
                 stop_strings,
-                max_tokens,
                 prompt_logprobs=prompt_logprobs,
                 topk_prompt=topk_prompt,
                 topk_sample=topk_sample,
@@ -524,7 +515,6 @@ class Engine:
         outs,
         stop_ids,
         stop_strings,
-        max_tokens,
         *,
         prompt_logprobs,
         topk_prompt,
@@ -533,20 +523,12 @@ class Engine:
     ) -> SampleResult:
         sequences: list[tuple[list[int], str]] = []
         for out in outs:
-            tokens, reason = _cut(out, stop_ids, stop_strings, self.tokenizer, max_tokens)
+            tokens, reason = _cut(out, stop_ids, stop_strings, self.tokenizer)
             sequences.append((tokens, reason))
-        full = [list(prompt) + tokens for tokens, _ in sequences]
+        rows = [list(prompt) + tokens for tokens, _ in sequences]
         want_prompt = prompt_logprobs or topk_prompt > 0
-        rows = full if not want_prompt else [full[0]] + full[1:]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.as_tensor(r)
-            mask[i, : len(r)] = 1
-        if width > 1:
-            logits = model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
-            log_probs = torch.log_softmax(logits[:, :-1], dim=-1)  # position t predicts token t + 1
+        if max(len(r) for r in rows) > 1:
+            log_probs = torch.log_softmax(self._logits(model, rows)[:, :-1].float(), dim=-1)  # t predicts t + 1
         result = SampleResult(sequences=[])
         P = len(prompt)
         for i, (tokens, reason) in enumerate(sequences):
@@ -602,13 +584,7 @@ def _linear_parts(model) -> list[tuple[str, str]]:
     return parts
 
 
-def tinker_loss_check(loss_fn: str, names: set[str], config: Mapping[str, float]) -> None:
-    from .losses import check
-
-    check(loss_fn, names, config)
-
-
-def _cut(out: list[int], stop_ids, stop_strings, tokenizer, max_tokens) -> tuple[list[int], str]:
+def _cut(out: list[int], stop_ids, stop_strings, tokenizer) -> tuple[list[int], str]:
     """The sampled tokens up to and including the first stop token or the token completing a stop string."""
     for i, token in enumerate(out):
         if token in stop_ids:
@@ -618,7 +594,7 @@ def _cut(out: list[int], stop_ids, stop_strings, tokenizer, max_tokens) -> tuple
             text = tokenizer.decode(out[: i + 1])
             if any(s in text for s in stop_strings):
                 return out[: i + 1], "stop"
-    return out[:max_tokens], "length"
+    return out, "length"
 
 
 def _microbatches(data: Sequence[Datum]) -> list[list[Datum]]:

@@ -35,8 +35,8 @@ def _tensor(msg, name: str, datum: int) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-def forward_backward_request(body: bytes) -> tuple[str, int, str, dict, bool, list[Datum]]:
-    """(model_id, seq_id, loss_fn, loss_fn_config, forward_only, data) of a protobuf `ForwardBackwardRequest`."""
+def forward_backward_request(body: bytes) -> tuple[str, str, dict, bool, list[Datum]]:
+    """(model_id, loss_fn, loss_fn_config, forward_only, data) of a protobuf `ForwardBackwardRequest`."""
     msg = _pb().ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -57,7 +57,7 @@ def forward_backward_request(body: bytes) -> tuple[str, int, str, dict, bool, li
         data.append(Datum(tokens, inputs))
     if not data:
         raise UserError("forward_backward got no data")
-    return msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data
+    return msg.model_id, msg.loss_fn, config, msg.forward_only, data
 
 
 def forward_backward_output(logps: list[torch.Tensor], metrics: dict[str, float]) -> bytes:
