@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 API_KEY_ENV = "GRPOKIT_TINKER_API_KEY"
-SUPPORTED_SDK = ">=0.34,<0.39"  # tinker SDK versions tested against this server (the oldest and the newest in CI)
 
 
 def serve(

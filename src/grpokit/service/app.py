@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import SUPPORTED_SDK, wire
+from . import wire
 from .engine import Engine, LoraSpec, UserError
 from .losses import LossInputError
 
@@ -32,6 +32,7 @@ logger = logging.getLogger("grpokit.tinker")
 LONG_POLL_S = 20.0  # how long retrieve_future waits for a result before answering try_again (the SDK waits 45 s)
 KEEP_DONE_S = 30 * 60  # a finished future's result is kept this long for retrieval
 API = "/api/v1"
+SUPPORTED_SDK = ">=0.34,<0.39"  # tinker SDK versions tested against this server (the oldest and the newest in CI)
 
 
 class _Future:
