@@ -70,3 +70,10 @@ def service_client(served):
     import tinker
 
     return tinker.ServiceClient(base_url=served.url)
+
+
+@pytest.fixture(scope="module")
+def start_server():
+    """`Server(engine, api_key=None)`, for a test that needs a second server (stop it when done); a fixture because
+    `from conftest import ...` finds whichever conftest module the full suite imported first."""
+    return Server

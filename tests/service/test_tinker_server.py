@@ -219,15 +219,14 @@ def test_mismatched_lengths_and_unknown_paths_are_named(service_client, served):
         )
 
 
-def test_off_loopback_needs_a_key_and_a_wrong_key_is_refused(served):
+def test_off_loopback_needs_a_key_and_a_wrong_key_is_refused(served, start_server):
     import tinker
-    from conftest import Server
 
     from grpokit.service import serve
 
     with pytest.raises(ValueError, match="set an API key"):
         serve("any-model", host="0.0.0.0")
-    keyed = Server(served.engine, api_key="tml-secret")
+    keyed = start_server(served.engine, api_key="tml-secret")
     try:
         with pytest.raises(tinker.AuthenticationError, match="invalid or missing API key"):
             tinker.ServiceClient(base_url=keyed.url, api_key="tml-wrong").get_server_capabilities()
